@@ -1,0 +1,22 @@
+"""The Typer app. Thin: each command lives in its own module and calls library code."""
+
+from __future__ import annotations
+
+import typer
+
+from rltool.cli import inspect_batch, train, validate
+
+app = typer.Typer(
+    name="rltool",
+    help="Reinforcement-learning post-training of language models, driven by YAML recipes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("train")(train.train)
+app.command("validate-rollouts")(validate.validate_rollouts)
+app.command("inspect-batch")(inspect_batch.inspect_batch)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,75 @@
+"""What the trainer sees: packed rows built from shifted samples.
+
+Shape legend: N = tokens in one packed row (<= pack_max_length),
+S = samples in that row, K = top-k width of a per-position extra.
+
+One packed row holds several shifted samples back to back::
+
+    input_ids    | a0 a1 a2 a3 | b0 b1 b2 | c0 c1 |
+    position_ids |  0  1  2  3 |  0  1  2 |  0  1 |
+    cu_seq_lens  [0,           4,         7,     9]
+
+Attention never crosses a boundary (position_ids restart per sample, and the
+forward uses ``attention_mask=None, use_cache=False``, see facts.md). Targets
+are the labels shifted by one inside each sample, so no target ever reads the
+next sample's first token. Positions with target -100 carry advantage 0 and
+rollout logprob 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class Pack:
+    input_ids: torch.Tensor  # [N] long, model input = input_ids[:-1] of each sample
+    targets: torch.Tensor  # [N] long, labels[1:] of each sample, -100 = no loss
+    advantages: torch.Tensor  # [N] float32, sample advantage where target != -100, else 0
+    rollout_logprobs: torch.Tensor  # [N] float32, engine logprob of the target, 0 if none
+    position_ids: torch.Tensor  # [N] long, restarts at 0 per sample
+    cu_seq_lens: torch.Tensor  # [S + 1] int32, sample boundaries
+    max_seq_len: int  # longest sample in the row
+    sample_index: list[int]  # [S] index into TrainBatch.samples, in row order
+    routed_experts: torch.Tensor | None = None  # [N, K] long, aligned by the shift
+    teacher_token_ids: torch.Tensor | None = None  # [N, K] long, aligned by the shift
+    teacher_logprobs: torch.Tensor | None = None  # [N, K] float32, aligned by the shift
+    teacher_kind: str | None = None  # "topk" | "sampled"
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(slots=True)
+class SampleInfo:
+    """Where one shifted sample lives in the packs, and what it trains on."""
+
+    rollout_id: str
+    group_id: str
+    task_name: str
+    pack: int  # index into TrainBatch.packs
+    start: int  # offset inside that pack
+    length: int  # len(input_ids) - 1, the shifted length
+    advantage: float
+    has_rollout_logprobs: bool  # False when the engine returned none
+
+
+@dataclass(slots=True)
+class SkippedGroup:
+    group_id: str
+    reason: str  # a short key, counted in data_info as skipped/<reason>
+    detail: str = ""  # the first violation or error, for the log
+
+
+@dataclass(slots=True)
+class TrainBatch:
+    packs: list[Pack]
+    samples: list[SampleInfo]
+    skipped_groups: list[SkippedGroup] = field(default_factory=list)
+    data_info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(p) for p in self.packs)
