@@ -1,0 +1,117 @@
+"""Typed recipe configuration: one dataclass per recipe section.
+
+A recipe YAML is merged onto ``RecipeConfig`` by ``rltool.config.loader``;
+nothing after loading sees a raw DictConfig. Defaults here are the values a
+recipe gets when it says nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    path: str = "builtin:tiny-gsm8k"  # a local HF checkpoint dir, or builtin:<name>
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    attn_implementation: str = "sdpa"
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # in-process Hugging Face generate
+    batch_size: int = 64  # sequences per generate call
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    eval_sampling: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(temperature=0.0)
+    )  # temperature 0 = greedy
+
+
+@dataclass
+class AgentLoopConfig:
+    name: str = "gsm8k"
+    # loop-specific options (data files, agent import paths, ...), checked by the loop
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=lambda: ["builtin:gsm8k_tiny/train.jsonl"])
+    eval_files: list[str] = field(default_factory=lambda: ["builtin:gsm8k_tiny/test.jsonl"])
+    prompts_per_step: int = 32
+    group_size: int = 8
+    eval_limit: int = 200  # held-out problems per evaluation (0 = all)
+    shuffle: bool = True
+
+
+@dataclass
+class AlgorithmConfig:
+    estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp
+    task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0  # None = off; must be > 1
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    kl_coef: float = 0.0  # KL to a frozen reference as a loss; 0 = no reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    entropy_coef: float = 0.0
+    tis_cap: float | None = 2.0  # truncated IS between rollout and trainer logprobs; None = off
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per train step
+    # staleness (data-contract section 6); None = no limit
+    max_staleness: int | None = None
+    max_token_staleness: int | None = None
+    sync_interval: int = 1
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine | linear
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100
+    seed: int = 0
+    pack_max_length: int = 2048  # tokens per packed row, also the micro-batch token budget
+    eval_every: int = 10  # 0 = only at start and end
+    save_every: int = 0  # 0 = only at the end
+    time_budget_s: float | None = None  # stop early after this many seconds of training
+
+
+@dataclass
+class LoggingConfig:
+    run_dir: str = "runs"
+    name: str = "run"
+    tensorboard: bool = False
+    dump_rollouts: bool = False
+
+
+@dataclass
+class RecipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent_loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
