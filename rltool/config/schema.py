@@ -85,6 +85,9 @@ class OptimizerConfig:
     schedule: str = "constant"  # constant | cosine | linear
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    # start from AdamW moments saved beside the weights (optimizer.pt), e.g. the
+    # demo model's warm start; a fresh optimizer at full lr first undoes much of it
+    init_from_checkpoint: bool = False
 
 
 @dataclass

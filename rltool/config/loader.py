@@ -1,0 +1,190 @@
+"""Recipe loading: YAML fragments + recipe body + command-line overrides -> RecipeConfig.
+
+Merge order (later wins): the fragments named by the recipe's top-level
+``defaults:`` list, in order (each fragment's own ``defaults`` first), then the
+recipe body, then the dotlist overrides (``trainer.steps=5``). Fragments are
+written with full keys from the root (``optimizer: {lr: 3e-4}``), so a key
+reads the same wherever it appears.
+
+Every value is checked against the typed schema as it is applied, so an
+unknown key or a value of the wrong type is a ValueError naming the full key,
+the file it came from (or the command line) and, for a misspelling, the
+nearest valid key. Nothing after loading sees a raw DictConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rltool.config.schema import RecipeConfig
+
+CONFIGS_DIRNAME = "configs"
+RECIPES_DIRNAME = "recipes"
+# The repository root next to the installed package (editable installs, checkouts).
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RecipeConfig:
+    """Load a recipe file, its fragments and the overrides into a RecipeConfig."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"recipe {path} does not exist")
+    cfg = OmegaConf.structured(RecipeConfig)
+    _apply_file(cfg, path, _config_dirs(path), chain=())
+    for item in overrides:
+        _apply(cfg, _parse_override(item), RecipeConfig, "", f"command line override {item!r}")
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # e.g. a broken ${interpolation}
+        raise ValueError(f"recipe {path}: {_first_line(exc)}") from exc
+    assert isinstance(obj, RecipeConfig)
+    return obj
+
+
+def recipe_to_yaml(cfg: RecipeConfig) -> str:
+    """The fully resolved recipe as YAML (what ``--print-config`` shows)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def find_recipes(root: str | Path | None = None) -> list[Path]:
+    """Every recipe YAML under ``<root>/recipes`` (default: the repository's)."""
+    base = Path(root) if root is not None else _REPO_ROOT
+    return sorted((base / RECIPES_DIRNAME).glob("*.yaml"))
+
+
+# --- files and fragments ---------------------------------------------------------------
+
+
+def _config_dirs(recipe: Path) -> list[Path]:
+    """Where fragments are looked up: every ``configs/`` dir from the recipe's folder
+    upward (nearest first), then the repository's own ``configs/``."""
+    dirs = [d / CONFIGS_DIRNAME for d in recipe.resolve().parents]
+    dirs.append(_REPO_ROOT / CONFIGS_DIRNAME)
+    return list(dict.fromkeys(d for d in dirs if d.is_dir()))
+
+
+def _find_fragment(name: str, dirs: list[Path], source: Path) -> Path:
+    rel = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    for d in dirs:
+        if (d / rel).is_file():
+            return d / rel
+    searched = ", ".join(str(d) for d in dirs) or f"no {CONFIGS_DIRNAME}/ directory found"
+    known = sorted({p.relative_to(d).with_suffix("").as_posix() for d in dirs for p in d.rglob("*.yaml")})
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else f"; known fragments: {', '.join(known)}"
+    raise ValueError(f"{source}: defaults entry {name!r} not found (searched {searched}){hint}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError and OmegaConf's own, reported with the file
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(loaded, DictConfig):
+        raise ValueError(f"{path}: top level must be a mapping of recipe sections")
+    raw = OmegaConf.to_container(loaded, resolve=False)
+    assert isinstance(raw, dict)
+    return raw
+
+
+def _apply_file(cfg: DictConfig, path: Path, dirs: list[Path], chain: tuple[Path, ...]) -> None:
+    """Apply a file's defaults (recursively), then its body."""
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ValueError(f"defaults form a cycle: {cycle}")
+    raw = _read_yaml(path)
+    defaults = raw.pop("defaults", [])
+    if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
+        raise ValueError(
+            f"{path}: defaults must be a list of fragment names like [model/tiny, algorithm/grpo]"
+        )
+    for name in defaults:
+        _apply_file(cfg, _find_fragment(name, dirs, path), dirs, (*chain, path.resolve()))
+    _apply(cfg, raw, RecipeConfig, "", str(path))
+
+
+def _parse_override(item: str) -> dict[str, Any]:
+    key, sep, _ = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"command line override {item!r} is not of the form key=value")
+    return OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)  # type: ignore[return-value]
+
+
+# --- schema-checked application ---------------------------------------------------------
+
+
+@functools.cache
+def _field_types(schema: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(schema)
+    return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
+
+
+@functools.cache
+def _all_keys(schema: type = RecipeConfig, prefix: str = "") -> tuple[str, ...]:
+    """Every full key of the schema, sections and leaves."""
+    out: list[str] = []
+    for name, typ in _field_types(schema).items():
+        out.append(prefix + name)
+        if dataclasses.is_dataclass(typ):
+            out.extend(_all_keys(typ, f"{prefix}{name}."))
+    return tuple(out)
+
+
+def _apply(cfg: DictConfig, raw: dict[str, Any], schema: type, prefix: str, source: str) -> None:
+    """Assign ``raw`` onto ``cfg`` one schema field at a time, so any error names its key."""
+    fields = _field_types(schema)
+    for key, value in raw.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            raise ValueError(_unknown_key_message(full, str(key), fields, source))
+        typ = fields[key]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(value, dict):
+                raise ValueError(
+                    f"{source}: {full} is a section ({typ.__name__}) and takes a mapping of its "
+                    f"keys, got {value!r}"
+                )
+            _apply(cfg, value, typ, full + ".", source)
+            continue
+        try:
+            OmegaConf.update(cfg, full, value, merge=True)
+        except OmegaConfBaseException as exc:
+            raise ValueError(
+                f"{source}: {full} expects {_type_name(typ)}, got {value!r} ({_first_line(exc)})"
+            ) from exc
+
+
+def _unknown_key_message(full: str, key: str, fields: dict[str, Any], source: str) -> str:
+    section = full.rpartition(".")[0]
+    near = difflib.get_close_matches(key, list(fields), n=1)
+    if near:
+        suggestion = f"{section}.{near[0]}" if section else near[0]
+    else:  # maybe the right key in the wrong section (trainer.lr -> optimizer.lr)
+        elsewhere = [k for k in _all_keys() if k.rpartition(".")[2] == key]
+        suggestion = elsewhere[0] if elsewhere else None
+    hint = f"; did you mean {suggestion!r}?" if suggestion else ""
+    where = f"'{section}'" if section else "a recipe"
+    return f"{source}: unknown key {full!r}{hint} (valid keys in {where}: {', '.join(fields)})"
+
+
+def _type_name(typ: Any) -> str:
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(typ))
+    if origin is None and isinstance(typ, type):
+        return typ.__name__
+    return str(typ).replace("typing.", "")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

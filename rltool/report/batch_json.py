@@ -1,0 +1,85 @@
+"""The machine view of a TrainBatch: what ``inspect-batch --format json`` prints.
+
+Per sample, the shifted fields are sliced out of the sample's pack, so a
+reader sees exactly what the loss sees for that sample (inputs, targets,
+per-position advantages, rollout logprobs) without the other samples of the
+row. Floats are rounded to 6 decimals so that a golden comparison is stable
+across platforms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rltool.training.batch import SampleInfo, TrainBatch
+
+FLOAT_DECIMALS = 6
+
+
+@dataclass(slots=True)
+class SampleSlice:
+    """One shifted sample cut out of its pack. L = SampleInfo.length."""
+
+    input_ids: torch.Tensor  # [L] long
+    targets: torch.Tensor  # [L] long, -100 = no loss
+    advantages: torch.Tensor  # [L] float32
+    rollout_logprobs: torch.Tensor  # [L] float32
+
+
+def slice_sample(batch: TrainBatch, info: SampleInfo) -> SampleSlice:
+    """The per-position fields of one sample, as they sit in its pack."""
+    pack = batch.packs[info.pack]
+    span = slice(info.start, info.start + info.length)
+    return SampleSlice(
+        input_ids=pack.input_ids[span],  # [L]
+        targets=pack.targets[span],  # [L]
+        advantages=pack.advantages[span],  # [L]
+        rollout_logprobs=pack.rollout_logprobs[span],  # [L]
+    )
+
+
+def _floats(values: torch.Tensor) -> list[float]:
+    return [round(v, FLOAT_DECIMALS) for v in values.double().tolist()]
+
+
+def _round_info(data_info: dict[str, float]) -> dict[str, float]:
+    return {k: round(float(v), FLOAT_DECIMALS) for k, v in data_info.items()}
+
+
+def sample_record(batch: TrainBatch, info: SampleInfo) -> dict[str, Any]:
+    s = slice_sample(batch, info)
+    return {
+        "rollout_id": info.rollout_id,
+        "group_id": info.group_id,
+        "pack": info.pack,
+        "start": info.start,
+        "length": info.length,
+        "advantage": round(float(info.advantage), FLOAT_DECIMALS),
+        "input_ids": s.input_ids.tolist(),
+        "targets": s.targets.tolist(),
+        "advantages": _floats(s.advantages),
+        "rollout_logprobs": _floats(s.rollout_logprobs),
+    }
+
+
+def batch_to_json(batch: TrainBatch, sample_indices: Sequence[int] | None = None) -> dict[str, Any]:
+    """The ``--format json`` object. ``sample_indices`` (into ``batch.samples``)
+    filters ``samples`` only; packs, skipped groups and data_info are always whole."""
+    indices = range(len(batch.samples)) if sample_indices is None else sample_indices
+    return {
+        "samples": [sample_record(batch, batch.samples[i]) for i in indices],
+        "packs": [
+            {
+                "length": len(p),
+                "cu_seq_lens": p.cu_seq_lens.tolist(),
+                "position_ids": p.position_ids.tolist(),
+            }
+            for p in batch.packs
+        ],
+        "skipped_groups": [{"group_id": g.group_id, "reason": g.reason} for g in batch.skipped_groups],
+        "data_info": _round_info(batch.data_info),
+    }

@@ -1,0 +1,110 @@
+"""What ``rltool train`` shows on the terminal: a progress bar, one line per step,
+held-out evaluations, and a summary table at the end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# (metric key, label, format) of the compact per-step line
+STEP_FIELDS = (
+    ("rollout/reward_mean", "reward", "{:.3f}"),
+    ("data/training_samples", "samples", "{:.0f}"),
+    ("data/supervised_tokens", "sup.tok", "{:.0f}"),
+    ("data/response_len/mean", "resp.len", "{:.1f}"),
+    ("data/skipped_groups", "skipped", "{:.0f}"),
+    ("actor/clip_frac", "clip", "{:.3f}"),
+    ("actor/kl", "kl", "{:.4f}"),
+    ("actor/grad_norm", "|g|", "{:.2f}"),
+    ("time/generate", "gen", "{:.1f}s"),
+    ("time/train", "train", "{:.1f}s"),
+    ("time/step", "step", "{:.1f}s"),
+)
+
+
+def _fmt(metrics: dict[str, float], key: str, fmt: str) -> str | None:
+    value = metrics.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return fmt.format(value)
+
+
+class TrainView:
+    def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False)
+        self.quiet = quiet
+
+    def phase(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[bold cyan]rltool[/] {text}")
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[dim]{text}[/]")
+
+    @contextmanager
+    def progress(self, total: int, done: int = 0) -> Iterator[Callable[[], None]]:
+        columns = (
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=self.console, disable=self.quiet) as bar:
+            task = bar.add_task("train", total=total, completed=done)
+            yield lambda: bar.advance(task)
+
+    def step_line(self, step: int, metrics: dict[str, float], skipped: list[Any]) -> None:
+        if self.quiet:
+            return
+        parts = [f"[bold]step {step:>4}[/]"]
+        for key, label, fmt in STEP_FIELDS:
+            text = _fmt(metrics, key, fmt)
+            if text is not None:
+                parts.append(f"{label} [cyan]{text}[/]")
+        self.console.print("  ".join(parts))
+        if skipped:
+            reasons: dict[str, int] = {}
+            for g in skipped:
+                reasons[g.reason] = reasons.get(g.reason, 0) + 1
+            text = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+            self.console.print(f"           [yellow]skipped groups: {text}[/]")
+
+    def eval_line(self, step: int, metrics: dict[str, float]) -> None:
+        if self.quiet:
+            return
+        acc = metrics.get("eval/accuracy", math.nan)
+        extra = "  ".join(
+            f"{k.removeprefix('eval/')} {v:.3f}"
+            for k, v in metrics.items()
+            if k.startswith("eval/") and k != "eval/accuracy"
+        )
+        self.console.print(
+            f"[bold magenta]eval @ step {step:>4}[/]  accuracy [bold]{acc:.3f}[/]  [dim]{extra}"
+            f"  ({metrics.get('time/eval', 0.0):.1f}s)[/]"
+        )
+
+    def summary(self, outcome: Any, history: list[dict[str, float]]) -> None:
+        table = Table(title=f"rltool train: {outcome.run_dir}", show_header=True)
+        table.add_column("")
+        table.add_column("value", justify="right")
+        first = outcome.first_eval.get("eval/accuracy", math.nan)
+        last = outcome.last_eval.get("eval/accuracy", math.nan)
+        table.add_row("steps", f"{outcome.steps_done} (stopped by {outcome.stopped_by})")
+        table.add_row("held-out accuracy", f"{first:.3f} -> {last:.3f} ({last - first:+.3f})")
+        if history:
+            table.add_row("reward, first -> last step", _first_last(history, "rollout/reward_mean"))
+            for key in ("time/generate", "time/train", "time/step"):
+                mean = sum(h.get(key, 0.0) for h in history) / len(history)
+                table.add_row(f"{key} (mean)", f"{mean:.2f}s")
+        self.console.print(table)
+
+
+def _first_last(history: list[dict[str, float]], key: str) -> str:
+    return f"{history[0].get(key, math.nan):.3f} -> {history[-1].get(key, math.nan):.3f}"

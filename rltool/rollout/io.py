@@ -1,0 +1,149 @@
+"""Rollout files: JSON Lines, one ``RolloutState`` per line, streamed.
+
+A rollout file is written **group by group**: all samples of one prompt group
+(same ``group_id``) sit on consecutive lines, because producers append a group
+once all its samples are done. ``iter_groups`` relies on that and refuses a
+file where a group reappears after another one started, rather than silently
+training it as two groups. Blank lines are skipped; line numbers are 1-based
+and count every physical line, so they match an editor's.
+
+Files are never loaded whole: ``iter_rollouts`` reads one line at a time, so
+memory stays bounded by the longest line, whatever the file size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from rltool.rollout.state import RolloutState
+
+_MAX_ERRORS_SHOWN = 3  # pydantic errors quoted per bad line; the rest are counted
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """A line that is not valid JSON or not a RolloutState."""
+
+    path: Path
+    line_no: int  # 1-based physical line number
+    message: str  # pydantic's errors, summarised with the field named
+    field: str | None = None  # dotted location of the first error ("prompt_ids.3"), if any
+    rollout_id: str | None = None  # when the line is a JSON object with a string rollout_id
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line_no}: {self.message}"
+
+
+def _loc(loc: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _summarise(err: ValidationError) -> tuple[str, str | None]:
+    """(message, first field) of a pydantic error, compact enough for one line."""
+    details = err.errors(include_url=False, include_input=False)
+    first = details[0]
+    if first["type"] == "json_invalid":
+        return f"not valid JSON: {first['ctx']['error']}", None
+    if not first["loc"]:
+        return f"not a RolloutState: {first['msg']}", None
+    parts = [f"{_loc(d['loc'])}: {d['msg']}" for d in details[:_MAX_ERRORS_SHOWN]]
+    more = len(details) - _MAX_ERRORS_SHOWN
+    if more > 0:
+        parts.append(f"... {more} more")
+    return "not a RolloutState: " + "; ".join(parts), _loc(first["loc"])
+
+
+def _rollout_id_of(line: bytes) -> str | None:
+    """Best-effort rollout_id of a line that failed validation (error path only)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    rid = obj.get("rollout_id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
+def iter_rollouts(
+    path: str | Path, *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, RolloutState | LineError]]:
+    """Yield ``(line_no, sample_or_error)`` for every non-blank line of a JSONL file.
+
+    A bad line yields a ``LineError`` and reading goes on, so a validator can
+    report every bad line. ``on_bytes`` is called with the byte length of each
+    physical line read (progress reporting). OSError from opening or reading
+    propagates.
+    """
+    path = Path(path)
+    with path.open("rb") as f:
+        for line_no, line in enumerate(f, start=1):
+            if on_bytes is not None:
+                on_bytes(len(line))
+            if not line.strip():
+                continue
+            try:
+                yield line_no, RolloutState.from_json(line)
+            except ValidationError as err:
+                message, field = _summarise(err)
+                yield line_no, LineError(path, line_no, message, field, _rollout_id_of(line))
+
+
+def iter_samples(path: str | Path) -> Iterator[tuple[int, RolloutState]]:
+    """Like ``iter_rollouts`` but a bad line raises ValueError naming file and line."""
+    for line_no, item in iter_rollouts(path):
+        if isinstance(item, LineError):
+            raise ValueError(f"{item}; run `rltool validate-rollouts {item.path}` for a full report")
+        yield line_no, item
+
+
+def iter_groups(path: str | Path) -> Iterator[list[RolloutState]]:
+    """Yield each group of a rollout file: a run of consecutive samples sharing ``group_id``.
+
+    Raises ValueError on a bad line, or when a group_id reappears after another
+    group started (the file was not written group by group), naming the line.
+    """
+    path = Path(path)
+    closed: dict[str, int] = {}  # group_id -> first line, for groups already yielded
+    group: list[RolloutState] = []
+    start = 0
+    for line_no, sample in iter_samples(path):
+        if group and sample.group_id == group[0].group_id:
+            group.append(sample)
+            continue
+        if group:
+            closed[group[0].group_id] = start
+            yield group
+        if sample.group_id in closed:
+            raise ValueError(
+                f"{path}:{line_no}: group_id {sample.group_id!r} reappears after other groups "
+                f"(it started at line {closed[sample.group_id]}); rollout files must be "
+                "written group by group"
+            )
+        group, start = [sample], line_no
+    if group:
+        yield group
+
+
+def read_groups(path: str | Path) -> list[list[RolloutState]]:
+    """All groups of a small rollout file (see ``iter_groups``), in file order."""
+    return list(iter_groups(path))
+
+
+def write_rollouts(path: str | Path, states: Iterable[RolloutState]) -> int:
+    """Append samples to a JSONL file, one per line; creates parent dirs. Returns the count.
+
+    Write a whole group in one call to keep the file group by group.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("a", encoding="utf-8") as f:
+        for state in states:
+            f.write(state.to_json())
+            f.write("\n")
+            n += 1
+    return n

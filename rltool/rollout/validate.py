@@ -1,0 +1,198 @@
+"""Check rollout files against every invariant of data-contract section 4.
+
+``validate_files`` streams each file (``iter_rollouts``), runs ``check_sample``
+on every sample (invariants 1-6, 8) and checks invariant 7 across the whole
+input: the members of a group are all samples with the same ``group_id``,
+wherever they sit, and must share ``task_name``; ``rollout_id``s are unique
+across all files. Memory grows with the number of distinct ids and groups
+(one small entry each), never with token counts or file size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rltool.rollout.contract import Severity, Violation, check_sample
+from rltool.rollout.io import LineError, iter_rollouts
+from rltool.rollout.state import RolloutState
+
+ProgressFn = Callable[[int], None]  # called with bytes read since the last call
+
+
+class InputError(ValueError):
+    """The input cannot be checked at all (missing, a directory, unreadable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileViolation:
+    """One finding, located in a file. ``invariant`` is None for an unparsable line."""
+
+    file: str
+    line: int
+    rollout_id: str | None
+    field: str | None
+    position: int | None
+    invariant: int | None
+    severity: Severity
+    message: str
+
+    @classmethod
+    def of(cls, file: Path, line: int, v: Violation) -> FileViolation:
+        return cls(
+            str(file), line, v.rollout_id, v.field, v.position, v.invariant, v.severity, v.message
+        )
+
+    @classmethod
+    def of_line_error(cls, e: LineError) -> FileViolation:
+        return cls(
+            str(e.path), e.line_no, e.rollout_id, e.field, None, None, Severity.ERROR, e.message
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["severity"] = str(self.severity)
+        return d
+
+
+@dataclass(slots=True)
+class ValidationReport:
+    files: int = 0
+    samples: int = 0  # lines parsed as a RolloutState
+    groups: int = 0  # distinct group_ids
+    violations: list[FileViolation] = field(default_factory=list)  # in file/line order
+
+    @property
+    def errors(self) -> int:
+        return sum(v.severity == Severity.ERROR for v in self.violations)
+
+    @property
+    def warnings(self) -> int:
+        return sum(v.severity == Severity.WARNING for v in self.violations)
+
+    @property
+    def ok(self) -> bool:
+        """No errors (warnings allowed)."""
+        return self.errors == 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "files": self.files,
+            "samples": self.samples,
+            "groups": self.groups,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "violations": [v.to_dict() for v in self.violations],
+        }
+
+
+@dataclass(slots=True)
+class _Group:
+    task_name: str
+    file: int  # index of the file and line where the group was first seen
+    line: int
+    last_file: int  # file of the group's latest run, to spot non-contiguous groups
+
+
+@dataclass(slots=True)
+class _Checker:
+    """Cross-sample state of one validation: invariant 7 and file contiguity."""
+
+    paths: Sequence[Path]
+    report: ValidationReport
+    seen_ids: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (file, line)
+    groups: dict[str, _Group] = field(default_factory=dict)
+    prev_group: str | None = None  # group_id of the previous sample in the current file
+
+    def add(self, file_idx: int, line: int, s: RolloutState) -> None:
+        path, out = self.paths[file_idx], self.report.violations
+        self.report.samples += 1
+        out.extend(FileViolation.of(path, line, v) for v in check_sample(s))
+        first = self.seen_ids.setdefault(s.rollout_id, (file_idx, line))
+        if first != (file_idx, line):
+            msg = f"duplicate rollout_id, first at {self._where(*first)}"
+            self._emit(file_idx, line, s, "rollout_id", msg)
+        self._check_group(file_idx, line, s)
+
+    def _check_group(self, file_idx: int, line: int, s: RolloutState) -> None:
+        g = self.groups.get(s.group_id)
+        if g is None:
+            self.groups[s.group_id] = _Group(s.task_name, file_idx, line, file_idx)
+            self.prev_group = s.group_id
+            return
+        if s.task_name != g.task_name:
+            msg = (
+                f"{s.task_name!r} differs from {g.task_name!r} of group {s.group_id!r} "
+                f"(first member at {self._where(g.file, g.line)})"
+            )
+            self._emit(file_idx, line, s, "task_name", msg)
+        if g.last_file == file_idx and self.prev_group != s.group_id:
+            msg = (
+                f"group {s.group_id!r} is not contiguous (first member at "
+                f"{self._where(g.file, g.line)}); iter_groups/read_groups refuse files that "
+                "are not written group by group"
+            )
+            self._emit(file_idx, line, s, "group_id", msg, Severity.WARNING)
+        g.last_file = file_idx
+        self.prev_group = s.group_id
+
+    def _emit(
+        self,
+        file_idx: int,
+        line: int,
+        s: RolloutState,
+        field_name: str,
+        msg: str,
+        severity: Severity = Severity.ERROR,
+    ) -> None:
+        path = str(self.paths[file_idx])
+        v = FileViolation(path, line, s.rollout_id, field_name, None, 7, severity, msg)
+        self.report.violations.append(v)
+
+    def _where(self, file_idx: int, line: int) -> str:
+        return f"{self.paths[file_idx]}:{line}"
+
+
+def check_readable(paths: Sequence[str | Path]) -> list[Path]:
+    """The paths as Paths; InputError naming the first that is missing, not a file or unreadable.
+
+    Checked up front so that a bad path fails before any report is printed.
+    """
+    out = [Path(p) for p in paths]
+    if not out:
+        raise InputError("no rollout file given")
+    for p in out:
+        if not p.exists():
+            raise InputError(f"{p}: no such file")
+        if not p.is_file():
+            raise InputError(f"{p}: not a regular file (give JSONL rollout files, not a directory)")
+        try:
+            p.open("rb").close()
+        except OSError as err:
+            raise InputError(f"{p}: cannot read ({err.strerror or err})") from err
+    return out
+
+
+def validate_files(
+    paths: Sequence[str | Path], *, progress: ProgressFn | None = None
+) -> ValidationReport:
+    """Check every sample of every file; every violation is collected, none raised.
+
+    Raises InputError when a file is missing, a directory, or cannot be read.
+    """
+    resolved = check_readable(paths)
+    report = ValidationReport(files=len(resolved))
+    checker = _Checker(resolved, report)
+    for file_idx, path in enumerate(resolved):
+        checker.prev_group = None
+        try:
+            for line, item in iter_rollouts(path, on_bytes=progress):
+                if isinstance(item, LineError):
+                    report.violations.append(FileViolation.of_line_error(item))
+                else:
+                    checker.add(file_idx, line, item)
+        except OSError as err:
+            raise InputError(f"{path}: cannot read ({err.strerror or err})") from err
+    report.groups = len(checker.groups)
+    return report

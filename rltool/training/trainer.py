@@ -1,0 +1,121 @@
+"""The step loop of ``rltool train``: generate, fit, evaluate, log, checkpoint."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rltool.config.loader import recipe_to_yaml
+from rltool.config.schema import RecipeConfig
+from rltool.report.train_view import TrainView
+from rltool.rollout.io import write_rollouts
+from rltool.training.checkpoint import save_checkpoint
+from rltool.training.metrics_log import MetricsWriter
+from rltool.training.run import (
+    Run,
+    StopRequest,
+    build_run,
+    evaluate,
+    generate_step,
+    resume,
+    rollout_metrics,
+    trainer_state,
+)
+
+
+@dataclass(slots=True)
+class TrainOutcome:
+    run_dir: Path
+    steps_done: int
+    stopped_by: str  # "steps" | "time_budget" | "SIGINT" | "SIGTERM"
+    first_eval: dict[str, float]
+    last_eval: dict[str, float]
+
+
+def new_run_dir(recipe: RecipeConfig) -> Path:
+    """runs/<name>, or runs/<name>-2, -3, ... so a second run never overwrites the first."""
+    root = Path(recipe.logging.run_dir)
+    base = root / recipe.logging.name
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = root / f"{recipe.logging.name}-{n}"
+    return path
+
+
+def train(
+    recipe: RecipeConfig,
+    resume_dir: Path | None = None,
+    dump_rollouts: bool = False,
+    view: TrainView | None = None,
+) -> TrainOutcome:
+    view = view or TrainView(quiet=False)
+    view.phase("loading model and data")
+    run = build_run(recipe)
+    run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_dir is not None:
+        ckpt = resume(run, resume_dir)
+        view.note(f"resumed from {ckpt} at step {run.step}")
+    else:
+        (run_dir / "config.yaml").write_text(recipe_to_yaml(recipe))
+    dump = dump_rollouts or recipe.logging.dump_rollouts
+    writer = MetricsWriter(run_dir, tensorboard=recipe.logging.tensorboard)
+    try:
+        return _loop(run, run_dir, writer, view, dump)
+    finally:
+        writer.close()
+
+
+def _evaluate(run: Run, writer: MetricsWriter, view: TrainView) -> dict[str, float]:
+    t0 = time.perf_counter()
+    metrics = evaluate(run)
+    metrics["time/eval"] = time.perf_counter() - t0
+    writer.write(run.step, metrics, kind="eval")
+    view.eval_line(run.step, metrics)
+    return metrics
+
+
+def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump: bool):
+    cfg = run.recipe.trainer
+    ckpt_root = run_dir / "checkpoints"
+    first_eval = _evaluate(run, writer, view)
+    last_eval = first_eval
+    stopped_by = "steps"
+    started = time.perf_counter()
+    stop = StopRequest()
+    with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
+        while run.step < cfg.steps:
+            t_step = time.perf_counter()
+            groups = generate_step(run)
+            t_gen = time.perf_counter() - t_step
+            if dump:
+                write_rollouts(run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl",
+                               [s for g in groups for s in g])
+            result = run.controller.fit(groups, train_step=run.step)
+            run.step += 1
+            run.engine.sync_weights(run.step)
+            metrics = {**rollout_metrics(groups), **result.metrics, "time/generate": t_gen}
+            metrics["time/step"] = time.perf_counter() - t_step
+            run.history.append(metrics)
+            writer.write(run.step, metrics, kind="train")
+            view.step_line(run.step, metrics, result.batch.skipped_groups)
+            advance()
+            if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
+                last_eval = _evaluate(run, writer, view)
+            if cfg.save_every and run.step % cfg.save_every == 0:
+                save_checkpoint(ckpt_root, run.model, run.tokenizer, trainer_state(run))
+            if stop.requested:
+                stopped_by = stop.signal_name
+                break
+            if cfg.time_budget_s and time.perf_counter() - started > cfg.time_budget_s:
+                stopped_by = "time_budget"
+                break
+    if stopped_by in ("steps", "time_budget"):
+        last_eval = _evaluate(run, writer, view)
+    path = save_checkpoint(ckpt_root, run.model, run.tokenizer, trainer_state(run))
+    view.note(f"checkpoint saved: {path}")
+    outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
+    view.summary(outcome, run.history)
+    return outcome
