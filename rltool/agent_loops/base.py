@@ -109,6 +109,15 @@ class AgentLoop(ABC):
 
     name: ClassVar[str] = ""
 
+    @classmethod
+    def from_recipe(cls, recipe: Any, *, engine: Any, tokenizer: Any) -> AgentLoop:
+        """Build the loop a recipe names; ``agent_loop.options`` become keyword arguments."""
+        options = dict(recipe.agent_loop.options)
+        try:
+            return cls(engine=engine, tokenizer=tokenizer, sampling=recipe.rollout.sampling, **options)
+        except TypeError as exc:
+            raise ValueError(f"agent_loop.options for {cls.name!r}: {exc}") from exc
+
     @abstractmethod
     def generate_group(self, task: Any, n: int, group_id: str, **kwargs: Any) -> list[RolloutState]:
         """Sample ``n`` canonical RolloutStates for one task (one prompt group)."""

@@ -79,7 +79,9 @@ def _find_fragment(name: str, dirs: list[Path], source: Path) -> Path:
         if (d / rel).is_file():
             return d / rel
     searched = ", ".join(str(d) for d in dirs) or f"no {CONFIGS_DIRNAME}/ directory found"
-    known = sorted({p.relative_to(d).with_suffix("").as_posix() for d in dirs for p in d.rglob("*.yaml")})
+    known = sorted(
+        {p.relative_to(d).with_suffix("").as_posix() for d in dirs for p in d.rglob("*.yaml")}
+    )
     near = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {near[0]!r}?" if near else f"; known fragments: {', '.join(known)}"
     raise ValueError(f"{source}: defaults entry {name!r} not found (searched {searched}){hint}")
@@ -117,7 +119,9 @@ def _parse_override(item: str) -> dict[str, Any]:
     key, sep, _ = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"command line override {item!r} is not of the form key=value")
-    return OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)  # type: ignore[return-value]
+    raw = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+    assert isinstance(raw, dict)
+    return raw
 
 
 # --- schema-checked application ---------------------------------------------------------
@@ -149,6 +153,8 @@ def _apply(cfg: DictConfig, raw: dict[str, Any], schema: type, prefix: str, sour
             raise ValueError(_unknown_key_message(full, str(key), fields, source))
         typ = fields[key]
         if dataclasses.is_dataclass(typ):
+            if value is None:  # an empty section (`trainer:` with every key commented out)
+                continue
             if not isinstance(value, dict):
                 raise ValueError(
                     f"{source}: {full} is a section ({typ.__name__}) and takes a mapping of its "
@@ -180,7 +186,9 @@ def _unknown_key_message(full: str, key: str, fields: dict[str, Any], source: st
 def _type_name(typ: Any) -> str:
     origin = typing.get_origin(typ)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(typ))
+        return " or ".join(
+            "null" if a is type(None) else _type_name(a) for a in typing.get_args(typ)
+        )
     if origin is None and isinstance(typ, type):
         return typ.__name__
     return str(typ).replace("typing.", "")

@@ -96,6 +96,11 @@ def generate_split(
     return problems[:n_train], problems[n_train:]
 
 
+def prompt_messages(question: str) -> list[dict[str, str]]:
+    """The chat the demo model was warm-started on: the bare question as one user turn."""
+    return [{"role": "user", "content": question}]
+
+
 def extract_answer(text: str) -> str | None:
     """The number after the last ``####`` (commas removed), or None if there is none."""
     found = _ANSWER_RE.findall(text)

@@ -80,6 +80,8 @@ def batch_to_json(batch: TrainBatch, sample_indices: Sequence[int] | None = None
             }
             for p in batch.packs
         ],
-        "skipped_groups": [{"group_id": g.group_id, "reason": g.reason} for g in batch.skipped_groups],
+        "skipped_groups": [
+            {"group_id": g.group_id, "reason": g.reason} for g in batch.skipped_groups
+        ],
         "data_info": _round_info(batch.data_info),
     }

@@ -32,7 +32,8 @@ class LineError:
     path: Path
     line_no: int  # 1-based physical line number
     message: str  # pydantic's errors, summarised with the field named
-    field: str | None = None  # dotted location of the first error ("prompt_ids.3"), if any
+    field: str | None = None  # location of the first error ("prompt_ids", "reward.score")
+    position: int | None = None  # list index of the first error in that field, if any
     rollout_id: str | None = None  # when the line is a JSON object with a string rollout_id
 
     def __str__(self) -> str:
@@ -43,19 +44,28 @@ def _loc(loc: tuple[str | int, ...]) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def _summarise(err: ValidationError) -> tuple[str, str | None]:
-    """(message, first field) of a pydantic error, compact enough for one line."""
+def _field_position(loc: tuple[str | int, ...]) -> tuple[str, int | None]:
+    """("prompt_ids", 3) from ("prompt_ids", 3); deeper locations stay dotted."""
+    if len(loc) == 2 and isinstance(loc[1], int):
+        return str(loc[0]), loc[1]
+    return _loc(loc), None
+
+
+def _summarise(err: ValidationError) -> tuple[str, str | None, int | None]:
+    """(message, field, position) of a pydantic error, compact enough for one line."""
     details = err.errors(include_url=False, include_input=False)
     first = details[0]
     if first["type"] == "json_invalid":
-        return f"not valid JSON: {first['ctx']['error']}", None
+        # pydantic sees one line as a whole document: its "line 1" is noise here
+        reason = first["ctx"]["error"].replace(" at line 1 column ", " at column ")
+        return f"not valid JSON: {reason}", None, None
     if not first["loc"]:
-        return f"not a RolloutState: {first['msg']}", None
+        return f"not a RolloutState: {first['msg']}", None, None
     parts = [f"{_loc(d['loc'])}: {d['msg']}" for d in details[:_MAX_ERRORS_SHOWN]]
     more = len(details) - _MAX_ERRORS_SHOWN
     if more > 0:
         parts.append(f"... {more} more")
-    return "not a RolloutState: " + "; ".join(parts), _loc(first["loc"])
+    return "not a RolloutState: " + "; ".join(parts), *_field_position(first["loc"])
 
 
 def _rollout_id_of(line: bytes) -> str | None:
@@ -83,20 +93,24 @@ def iter_rollouts(
         for line_no, line in enumerate(f, start=1):
             if on_bytes is not None:
                 on_bytes(len(line))
+            line = line.rstrip(b"\r\n")  # so a line cut mid-string reads as cut, not as "\n"
             if not line.strip():
                 continue
             try:
                 yield line_no, RolloutState.from_json(line)
             except ValidationError as err:
-                message, field = _summarise(err)
-                yield line_no, LineError(path, line_no, message, field, _rollout_id_of(line))
+                message, field, position = _summarise(err)
+                rid = _rollout_id_of(line)
+                yield line_no, LineError(path, line_no, message, field, position, rid)
 
 
 def iter_samples(path: str | Path) -> Iterator[tuple[int, RolloutState]]:
     """Like ``iter_rollouts`` but a bad line raises ValueError naming file and line."""
     for line_no, item in iter_rollouts(path):
         if isinstance(item, LineError):
-            raise ValueError(f"{item}; run `rltool validate-rollouts {item.path}` for a full report")
+            raise ValueError(
+                f"{item}; run `rltool validate-rollouts {item.path}` for a full report"
+            )
         yield line_no, item
 
 

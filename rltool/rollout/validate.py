@@ -6,6 +6,10 @@ input: the members of a group are all samples with the same ``group_id``,
 wherever they sit, and must share ``task_name``; ``rollout_id``s are unique
 across all files. Memory grows with the number of distinct ids and groups
 (one small entry each), never with token counts or file size.
+
+A non-COMPLETED sample without train fields is the contract's record of a
+failed build (section 3), so it is a warning, not an error; a non-COMPLETED
+sample *with* train fields is checked like any other.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from rltool.rollout.contract import Severity, Violation, check_sample
 from rltool.rollout.io import LineError, iter_rollouts
-from rltool.rollout.state import RolloutState
+from rltool.rollout.state import RolloutState, Status
 
 ProgressFn = Callable[[int], None]  # called with bytes read since the last call
 
@@ -47,7 +51,14 @@ class FileViolation:
     @classmethod
     def of_line_error(cls, e: LineError) -> FileViolation:
         return cls(
-            str(e.path), e.line_no, e.rollout_id, e.field, None, None, Severity.ERROR, e.message
+            str(e.path),
+            e.line_no,
+            e.rollout_id,
+            e.field,
+            e.position,
+            None,
+            Severity.ERROR,
+            e.message,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -108,7 +119,14 @@ class _Checker:
     def add(self, file_idx: int, line: int, s: RolloutState) -> None:
         path, out = self.paths[file_idx], self.report.violations
         self.report.samples += 1
-        out.extend(FileViolation.of(path, line, v) for v in check_sample(s))
+        if s.status != Status.COMPLETED and s.input_ids is None:
+            # Contract section 3: a sample whose fields could not be built is marked
+            # FAILED (or was never finished) and the controller skips its group; its
+            # absent train fields are the prescribed record, not corrupt data.
+            msg = f"no train fields on a {s.status} sample" + (f" ({s.error})" if s.error else "")
+            self._emit(file_idx, line, s, "input_ids", msg, Severity.WARNING, invariant=1)
+        else:
+            out.extend(FileViolation.of(path, line, v) for v in check_sample(s))
         first = self.seen_ids.setdefault(s.rollout_id, (file_idx, line))
         if first != (file_idx, line):
             msg = f"duplicate rollout_id, first at {self._where(*first)}"
@@ -145,9 +163,10 @@ class _Checker:
         field_name: str,
         msg: str,
         severity: Severity = Severity.ERROR,
+        invariant: int = 7,
     ) -> None:
         path = str(self.paths[file_idx])
-        v = FileViolation(path, line, s.rollout_id, field_name, None, 7, severity, msg)
+        v = FileViolation(path, line, s.rollout_id, field_name, None, invariant, severity, msg)
         self.report.violations.append(v)
 
     def _where(self, file_idx: int, line: int) -> str:

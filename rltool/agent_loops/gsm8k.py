@@ -1,0 +1,180 @@
+"""The GSM8K loop: one chat-formatted question in, sampled answers out, scored by the
+final number.
+
+Each task is a record ``{"question": str, "answer": str | number}`` whose answer
+ends in GSM8K's ``#### <number>``. The prompt is the tokenizer's chat template
+over ``[system?, user question]`` with the generation prompt appended. All
+prompts of a step, times the group size, go through ONE ``engine.generate`` call
+(the engine batches internally), which is what makes a step fast. Every sample
+is canonicalized at generation time (data-contract section 3), then rewarded:
+a reward that cannot be computed marks the sample FAILED with the reason and
+is counted in ``reward/errors``; it is never scored 0.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.config.schema import SamplingConfig
+from rltool.engines.base import Generation, RolloutEngine
+from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
+from rltool.rollout.state import RolloutState, Status
+
+
+def ground_truth_of(task: dict[str, Any]) -> str:
+    """The reference answer: the number after ``####`` in the task's answer."""
+    answer = str(task["answer"])
+    return extract_answer(answer) or answer.strip()
+
+
+@register_agent_loop("gsm8k")
+class GSM8KLoop(AgentLoop):
+    """Single-turn question answering rewarded by the final number (prompt+response)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        sampling: SamplingConfig,
+        task_name: str = "gsm8k",
+        system_prompt: str | None = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.task_name = task_name
+        self.system_prompt = system_prompt
+        self._reward_errors = 0  # since the last pop_metrics()
+
+    # --- prompts ------------------------------------------------------------------------
+
+    def prompt_messages(self, task: dict[str, Any]) -> list[dict[str, str]]:
+        if "question" not in task:
+            fields = ", ".join(sorted(task))
+            raise ValueError(f"gsm8k task has no 'question' field (fields: {fields})")
+        messages = [{"role": "user", "content": str(task["question"])}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        # Render to text, then tokenize without extra specials: the template already
+        # holds every special token the model was trained with.
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # --- generation ---------------------------------------------------------------------
+
+    def generate_group(
+        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
+    ) -> list[RolloutState]:
+        return self.generate_groups([task], n, [group_id], **kwargs)[0]
+
+    def generate_groups(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        n: int,
+        group_ids: Sequence[str],
+        sampling: SamplingConfig | None = None,
+    ) -> list[list[RolloutState]]:
+        """``n`` canonical, rewarded samples per task from one batched generate call."""
+        if len(tasks) != len(group_ids):
+            raise ValueError(f"{len(tasks)} tasks but {len(group_ids)} group ids")
+        if n < 1:
+            raise ValueError(f"group size must be >= 1, got {n}")
+        messages = [self.prompt_messages(t) for t in tasks]
+        prompts = [self.prompt_ids(m) for m in messages]
+        repeated = [p for p in prompts for _ in range(n)]  # task-major: task 0 x n, task 1 x n, ...
+        gens = self.engine.generate(repeated, sampling or self.sampling)
+        if len(gens) != len(repeated):
+            raise ValueError(f"engine returned {len(gens)} generations for {len(repeated)} prompts")
+        return [
+            [self._sample(task, msgs, prompt, gens[g * n + i], f"{gid}/{i}", gid) for i in range(n)]
+            for g, (task, msgs, prompt, gid) in enumerate(
+                zip(tasks, messages, prompts, group_ids, strict=True)
+            )
+        ]
+
+    def _sample(
+        self,
+        task: dict[str, Any],
+        messages: list[dict[str, str]],
+        prompt: list[int],
+        gen: Generation,
+        rollout_id: str,
+        group_id: str,
+    ) -> RolloutState:
+        truth = ground_truth_of(task)
+        state = RolloutState(
+            rollout_id=rollout_id,
+            group_id=group_id,
+            task_name=self.task_name,
+            agent_loop=self.name,
+            messages=[*messages, {"role": "assistant", "content": gen.text}],
+            prompt_ids=list(prompt),
+            response_ids=list(gen.token_ids),
+            response_text=gen.text,
+            finish_reason=gen.finish_reason,
+            response_model_steps=list(gen.model_steps),
+            extra={"ground_truth": truth},
+        )
+        state = self.canonicalize_train_fields(state, gen.logprobs)
+        if state.status == Status.FAILED:
+            return state
+        return self._reward(state, gsm8k_reward(gen.text, truth))
+
+    def _reward(self, state: RolloutState, result: RewardResult) -> RolloutState:
+        state.reward = {
+            "score": result.score,
+            "status": result.status,
+            "extracted": result.extracted,
+            "correct": result.correct,
+        }
+        if result.status == "error":
+            self._reward_errors += 1
+            state.reward["error"] = result.error
+            return state.fail(f"reward: {result.error}")
+        state.status = Status.COMPLETED
+        return state
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counts since the last call, then reset: ``reward/errors``."""
+        out = {"reward/errors": float(self._reward_errors)}
+        self._reward_errors = 0
+        return out
+
+    # --- evaluation ---------------------------------------------------------------------
+
+    def evaluate(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        """Accuracy of one sample per task (greedy when ``sampling.temperature == 0``).
+
+        A reward error counts as not correct and is reported in ``eval/reward_errors``.
+        """
+        if not tasks:
+            raise ValueError("evaluate() needs at least one task")
+        prompts = [self.prompt_ids(self.prompt_messages(t)) for t in tasks]
+        gens = self.engine.generate(prompts, sampling)
+        results = [
+            gsm8k_reward(g.text, ground_truth_of(t)) for g, t in zip(gens, tasks, strict=True)
+        ]
+        correct = np.array([r.correct for r in results], dtype=np.float64)  # [N]
+        lengths = np.array([len(g.token_ids) for g in gens], dtype=np.float64)  # [N]
+        truncated = np.array([g.finish_reason == "length" for g in gens], dtype=np.float64)  # [N]
+        return {
+            "eval/accuracy": float(correct.mean()),
+            "eval/mean_response_len": float(lengths.mean()),
+            "eval/truncated_frac": float(truncated.mean()),
+            "eval/reward_errors": float(sum(r.status == "error" for r in results)),
+            "eval/n": float(len(tasks)),
+        }

@@ -1,0 +1,220 @@
+"""``rltool inspect-batch FILE``: convert rollouts exactly as training would and show the result.
+
+The groups come from a rollout JSONL file (or, for a recipe ``.yaml``, from one
+step of the recipe's generation); they are converted by ``convert_groups``,
+the one conversion training uses, and the resulting TrainBatch is rendered
+(``rltool.report.inspect_view``) or printed as JSON (``rltool.report.batch_json``).
+A deep copy of the groups taken before conversion lets the view tell stale
+tokens (labels cleared by the staleness bake) from tokens that were never
+supervised.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from rltool.config.schema import RecipeConfig
+from rltool.report.batch_json import batch_to_json
+from rltool.report.console import make_console
+from rltool.report.inspect_view import Decoder, render_batch, tokenizer_decoder
+from rltool.rollout.io import read_groups
+from rltool.rollout.state import RolloutState
+from rltool.training.batch import TrainBatch
+from rltool.training.convert import ConversionConfig, convert_groups
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+class OutputFormat(StrEnum):
+    RICH = "rich"
+    JSON = "json"
+
+
+@dataclass(slots=True)
+class GroupSource:
+    """Where a batch's groups come from, with what the source knows about converting them."""
+
+    groups: list[list[RolloutState]]
+    conversion: ConversionConfig
+    train_step: int
+    tokenizer: Any = None  # a Hugging Face tokenizer, or None: ids are shown
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed without a traceback, exit ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _groups_from_file(path: Path) -> GroupSource:
+    try:
+        groups = read_groups(path)
+    except ValueError as exc:  # a bad line, named with file and line by read_groups
+        raise UserError(str(exc), 1) from exc
+    return GroupSource(groups, ConversionConfig.from_recipe(RecipeConfig()), train_step=0)
+
+
+def _groups_from_recipe(path: Path, overrides: list[str]) -> GroupSource:
+    """One step of the recipe's generation (its model, loop and conversion settings)."""
+    module_name = "rltool.training.run"
+    try:
+        run = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:  # a dependency of run is missing: a real error
+            raise
+        run = None
+    generate = getattr(run, "generate_batch_from_recipe", None)
+    if generate is None:
+        raise typer.BadParameter(
+            "recipe mode needs rltool train's generation (rltool.training.run."
+            "generate_batch_from_recipe), which this installation lacks; pass a rollout "
+            "JSONL file instead (rltool train --dump-rollouts writes one)",
+            param_hint="FILE",
+        )
+    try:
+        groups, tokenizer, conversion, train_step = generate(str(path), overrides)
+    except (ValueError, FileNotFoundError) as exc:  # a bad recipe, override or data file
+        raise UserError(f"{path}: {exc}", 2) from exc
+    return GroupSource(groups, conversion, train_step, tokenizer)
+
+
+def _load_tokenizer(path: Path) -> Any:
+    """A local tokenizer: a ``tokenizer.json`` file or a Hugging Face tokenizer directory."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        if path.is_file():
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load a tokenizer from {path}: {exc}", 2) from exc
+
+
+def select_samples(batch: TrainBatch, sample: str | None, limit: int | None) -> list[int]:
+    """Indices into ``batch.samples``: only the rollout_id ``sample`` if given, then the first
+    ``limit``."""
+    indices = list(range(len(batch.samples)))
+    if sample is not None:
+        indices = [i for i in indices if batch.samples[i].rollout_id == sample]
+        if not indices:
+            raise UserError(_missing_sample_message(batch, sample), 1)
+    return indices if limit is None else indices[:limit]
+
+
+def _missing_sample_message(batch: TrainBatch, rollout_id: str) -> str:
+    skipped = ", ".join(f"{g.group_id} ({g.reason})" for g in batch.skipped_groups)
+    where = f"; skipped groups: {skipped}" if skipped else ""
+    return f"--sample {rollout_id}: no such sample in the batch{where}"
+
+
+def _with_options(conversion: ConversionConfig, options: dict[str, Any]) -> ConversionConfig:
+    """The source's conversion settings with the options the user gave (None = not given)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        return dataclasses.replace(conversion, **given)
+    except ValueError as exc:  # ConversionConfig checks its values (estimator name, limits)
+        raise UserError(f"bad option: {exc}", 2) from exc
+
+
+def inspect_batch(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="Rollout JSONL file (a recipe .yaml generates one step with the recipe's model).",
+        ),
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Recipe mode only: dotlist overrides (trainer.seed=1 ...)."),
+    ] = None,
+    estimator: Annotated[
+        str | None, typer.Option(help="Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp.")
+    ] = None,
+    pack_max_length: Annotated[
+        int | None, typer.Option(min=1, help="Tokens per packed row.")
+    ] = None,
+    train_step: Annotated[
+        int | None, typer.Option(min=0, help="Train step the batch is for (token staleness).")
+    ] = None,
+    max_staleness: Annotated[
+        int | None, typer.Option(min=0, help="A sample expires at this staleness (in syncs).")
+    ] = None,
+    max_token_staleness: Annotated[
+        int | None, typer.Option(min=0, help="Tokens older than this (in syncs) are cleared.")
+    ] = None,
+    sync_interval: Annotated[
+        int | None, typer.Option(min=1, help="Train steps between weight syncs.")
+    ] = None,
+    sample: Annotated[
+        str | None, typer.Option(help="Show only the sample with this rollout_id.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=0, help="Show only the first N samples.")] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, help="Decode tokens with this tokenizer (dir or tokenizer.json)."
+        ),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="rich: terminal view; json: one object.")
+    ] = OutputFormat.RICH,
+) -> None:
+    """Convert rollouts exactly as training would and show the packed batch token by token.
+
+    Unset options take the recipe's values in recipe mode; for a JSONL file, the
+    recipe defaults (grpo, pack length 2048, train step 0, no staleness limits,
+    sync interval 1). Exit code 1: a bad line or a conversion error (e.g. a
+    sample longer than --pack-max-length); 2: unusable input or a bad option.
+    """
+    is_recipe = file.suffix.lower() in RECIPE_SUFFIXES
+    if overrides and not is_recipe:
+        raise typer.BadParameter(
+            f"overrides {overrides} apply to a recipe .yaml only", param_hint="OVERRIDES"
+        )
+    options = {
+        "estimator": estimator,
+        "pack_max_length": pack_max_length,
+        "max_staleness": max_staleness,
+        "max_token_staleness": max_token_staleness,
+        "sync_interval": sync_interval,
+    }
+    try:
+        source = (
+            _groups_from_recipe(file, overrides or []) if is_recipe else _groups_from_file(file)
+        )
+        step = source.train_step if train_step is None else train_step
+        conversion = _with_options(source.conversion, options)
+        before = copy.deepcopy(source.groups)  # the bake clears stale labels in place
+        try:
+            batch = convert_groups(source.groups, conversion, step)
+        except ValueError as exc:
+            raise UserError(f"{file}: {exc}", 1) from exc
+        indices = select_samples(batch, sample, limit)
+        tok = source.tokenizer
+        if tokenizer is not None and output_format == OutputFormat.RICH:
+            tok = _load_tokenizer(tokenizer)
+    except UserError as exc:
+        # Text, not markup: messages hold brackets (field[3], lists)
+        make_console(stderr=True).print(Text.assemble(("error:", "error"), f" {exc}"))
+        raise typer.Exit(exc.code) from exc
+    if output_format == OutputFormat.JSON:
+        typer.echo(json.dumps(batch_to_json(batch, indices)))
+        return
+    decode: Decoder | None = None if tok is None else tokenizer_decoder(tok)
+    render_batch(
+        make_console(), batch, before, train_step=step, sample_indices=indices, decode=decode
+    )

@@ -1,0 +1,235 @@
+"""The built-in demo model ``builtin:tiny-gsm8k``: a ~3M-parameter Qwen2 warm-started by SFT.
+
+RL only moves a policy that is sometimes right, so the demo checkpoint is a
+tiny Qwen2-style model trained briefly (about 40 s on two CPU cores) on the
+chat-formatted train split, to roughly a third greedy accuracy on the held-out
+split: enough reward signal for GRPO, and plenty of room above it.
+
+``build_demo_checkpoint`` writes an ordinary Hugging Face checkpoint (the
+trainer loads it exactly as it loads a user's), plus the SFT AdamW state in
+``optimizer.pt``: continuing RL from the warm-start optimizer state learns much
+faster than from a fresh AdamW. ``ensure_demo_checkpoint`` builds it once into
+the cache and returns the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+from rltool.config.schema import SamplingConfig
+from rltool.demo.data import GSM8K_TINY_DIR, Problem, extract_answer, prompt_messages, read_jsonl
+from rltool.demo.tokenizer import train_demo_tokenizer
+from rltool.engines.hf import HFEngine
+from rltool.rollout.state import IGNORE_INDEX
+
+DEMO_NAME = "tiny-gsm8k-v1"
+OPTIMIZER_FILE = "optimizer.pt"
+BUILD_INFO_FILE = "build_info.json"
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """The supervised warm start. Fixed step count, not a time budget, so a seed fixes the result."""
+
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    eval_problems: int = 300  # held-out problems for the accuracy in build_info.json (0 = skip)
+
+
+def demo_model_config(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 256,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 688,
+) -> Qwen2Config:
+    """A small Qwen2 config sized to ``tokenizer`` (tied embeddings, fp32, sdpa)."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+        attn_implementation="sdpa",
+    )
+
+
+def encode_sft_example(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> tuple[list[int], list[int]]:
+    """(input_ids, labels): the chat prompt unsupervised, the answer and its EOS supervised."""
+    prompt = tokenizer.apply_chat_template(prompt_messages(problem.question), add_generation_prompt=True)
+    prompt_ids = list(prompt["input_ids"])
+    answer_ids = tokenizer(problem.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt_ids + answer_ids, [IGNORE_INDEX] * len(prompt_ids) + answer_ids
+
+
+def _right_pad(rows: Sequence[list[int]], value: int) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)  # [B, L]
+
+
+def _lr_lambda(settings: SFTSettings):
+    def factor(step: int) -> float:  # linear warmup, then cosine decay to a tenth of the peak
+        if step < settings.warmup_steps:
+            return (step + 1) / settings.warmup_steps
+        progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def train_sft(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    settings: SFTSettings,
+    generator: torch.Generator,
+    progress: Progress | None = None,
+) -> torch.optim.AdamW:
+    """Supervised warm start on ``problems``; returns the optimizer (its state is saved)."""
+    examples = [encode_sft_example(tokenizer, p) for p in problems]
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(settings))
+    task = progress.add_task("SFT warm start", total=settings.steps) if progress else None
+    model.train()
+    for _ in range(settings.steps):
+        picks = torch.randint(len(examples), (settings.batch_size,), generator=generator).tolist()
+        input_ids = _right_pad([examples[i][0] for i in picks], tokenizer.pad_token_id)  # [B, L]
+        labels = _right_pad([examples[i][1] for i in picks], IGNORE_INDEX)  # [B, L]
+        attention_mask = _right_pad([[1] * len(examples[i][0]) for i in picks], 0)  # [B, L]
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if progress is not None:
+            progress.update(task, advance=1, description=f"SFT warm start (loss {loss.item():.3f})")
+    return optimizer
+
+
+def greedy_accuracy(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    batch_size: int = 100,
+) -> float:
+    """Fraction of ``problems`` whose greedy answer after ``####`` equals the reference."""
+    prompts = [
+        list(tokenizer.apply_chat_template(prompt_messages(p.question), add_generation_prompt=True)["input_ids"])
+        for p in problems
+    ]
+    gens = HFEngine(model, tokenizer, batch_size=batch_size).generate(
+        prompts, SamplingConfig(temperature=0.0, max_new_tokens=24)
+    )
+    correct = sum(extract_answer(g.text) == extract_answer(p.answer) for g, p in zip(gens, problems, strict=True))
+    return correct / len(problems)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+
+
+def build_demo_checkpoint(
+    out_dir: str | Path,
+    seed: int = 0,
+    settings: SFTSettings | None = None,
+    show_progress: bool = True,
+) -> dict:
+    """Train tokenizer and model, save them to ``out_dir``; returns the build info.
+
+    ``out_dir`` gets ``config.json``, ``model.safetensors``, the tokenizer files,
+    ``optimizer.pt`` (the AdamW state_dict after SFT) and ``build_info.json``.
+    Deterministic in ``seed``; the caller's global RNG state is left untouched.
+    """
+    settings = settings or SFTSettings()
+    out = Path(out_dir)
+    train = read_jsonl(GSM8K_TINY_DIR / "train.jsonl")
+    test = read_jsonl(GSM8K_TINY_DIR / "test.jsonl")
+    tokenizer = train_demo_tokenizer(train)
+    progress = _progress() if show_progress else None
+    with torch.random.fork_rng(devices=[]), progress if progress is not None else contextlib.nullcontext():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(demo_model_config(tokenizer))
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        generator = torch.Generator().manual_seed(seed)
+        start = time.perf_counter()
+        optimizer = train_sft(model, tokenizer, train, settings, generator, progress)
+        sft_seconds = time.perf_counter() - start
+        n_eval = settings.eval_problems and min(settings.eval_problems, len(test))
+        accuracy = greedy_accuracy(model, tokenizer, test[:n_eval]) if n_eval else None
+    info = {
+        "name": DEMO_NAME,
+        "seed": seed,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "sft": asdict(settings),
+        "sft_seconds": round(sft_seconds, 1),
+        "test_greedy_accuracy": accuracy,
+        "test_problems": n_eval,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
+    (out / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def demo_cache_dir() -> Path:
+    """Where the demo checkpoint lives: ``$RLTOOL_CACHE/tiny-gsm8k-v1`` (default ``~/.cache/rltool``)."""
+    root = os.environ.get("RLTOOL_CACHE") or Path.home() / ".cache" / "rltool"
+    return Path(root).expanduser() / DEMO_NAME
+
+
+def ensure_demo_checkpoint(show_progress: bool = True) -> Path:
+    """The demo checkpoint directory, built on first use (atomically: temp dir, then rename)."""
+    final = demo_cache_dir()
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}-", dir=final.parent))
+    try:
+        build_demo_checkpoint(tmp, seed=0, show_progress=show_progress)
+        try:
+            tmp.rename(final)
+        except OSError as e:
+            if not (final / "config.json").is_file():
+                raise ValueError(
+                    f"cannot create the demo checkpoint at {final}: the path exists but holds no "
+                    f"checkpoint; remove it (or set RLTOOL_CACHE elsewhere) and retry"
+                ) from e
+            # else another process finished first: keep its checkpoint, drop ours
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return final

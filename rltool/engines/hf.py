@@ -1,0 +1,203 @@
+"""In-process rollout engine on Hugging Face ``generate``.
+
+The engine samples from the very model object the trainer updates, so its
+weights are always the trainer's current ones: ``sync_weights`` only records
+the train step that stamps the generated tokens. Shape legend: B = sequences in
+a chunk, P = padded prompt length, T = generated steps, V = vocabulary.
+
+Logprobs follow the trainer's convention: ``log_softmax(raw_logits / t)`` at
+the chosen token, with ``t`` the sampling temperature (1 for greedy), computed
+from the model's raw logits before top-p/top-k filtering.
+
+Seeding: ``generate`` samples from torch's global RNG; seed it with
+``torch.manual_seed`` (the trainer does so once at start) for reproducible
+rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
+
+from rltool.config.schema import SamplingConfig
+from rltool.engines.base import Generation, RolloutEngine
+
+
+class _FinishRecorder(StoppingCriteria):
+    """Stops a row at EOS or a stop string and records how many tokens it had then.
+
+    ``generate`` fills finished rows with padding, and the pad id may equal an
+    EOS id, so where a row ended cannot be read back from the output; this
+    criterion records it while generating.
+    """
+
+    def __init__(
+        self,
+        prompt_len: int,
+        eos_ids: torch.Tensor,
+        stop: StopStringCriteria | None,
+        batch: int,
+    ):
+        self.prompt_len = prompt_len
+        self.eos_ids = eos_ids  # [E]
+        self.stop = stop
+        self.lengths = torch.zeros(batch, dtype=torch.long)  # [B] 0 = not finished yet
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = torch.isin(input_ids[:, -1], self.eos_ids)  # [B]
+        if self.stop is not None:
+            done |= self.stop(input_ids, scores)
+        done = done.cpu()
+        n_new = input_ids.shape[1] - self.prompt_len
+        self.lengths = torch.where(done & (self.lengths == 0), n_new, self.lengths)  # [B]
+        return done.to(input_ids.device)
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's EOS plus any extra EOS ids of the model's generation config."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    cfg_eos = model.generation_config.eos_token_id if model.generation_config else None
+    ids += cfg_eos if isinstance(cfg_eos, list) else [] if cfg_eos is None else [cfg_eos]
+    if not ids:
+        raise ValueError("the tokenizer and the model's generation config define no EOS token")
+    return sorted(set(ids))
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P]
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
+    for row, p in enumerate(prompts):  # one copy per sequence
+        ids[row, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        mask[row, width - len(p) :] = 1
+    return ids, mask
+
+
+def _generation_config(
+    sampling: SamplingConfig, eos: list[int], pad_id: int
+) -> GenerationConfig:
+    # Every sampling knob is set explicitly: values left unset would be filled
+    # from the checkpoint's generation_config.json (repetition penalty, top_k, ...).
+    greedy = sampling.temperature == 0
+    sampler = (
+        {}
+        if greedy
+        else {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,  # 0 = off
+            "min_p": 0.0,
+            "typical_p": 1.0,
+        }
+    )
+    return GenerationConfig(
+        do_sample=not greedy,
+        **sampler,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        num_beams=1,
+        max_new_tokens=sampling.max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=pad_id,
+        use_cache=True,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+
+
+def _check_sampling(sampling: SamplingConfig) -> None:
+    if sampling.temperature < 0:
+        raise ValueError(f"sampling.temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < 0:
+        raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {sampling.top_k}")
+    if sampling.max_new_tokens < 1:
+        raise ValueError(f"sampling.max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+
+
+class HFEngine(RolloutEngine):
+    """Batched ``generate`` on the trainer's own model object (no weight copy)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 64,
+        model_step: int = 0,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"rollout.batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self._model_step = model_step
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = self.eos_ids[0] if pad is None else pad
+
+    @property
+    def model_step(self) -> int:
+        return self._model_step
+
+    def sync_weights(self, model_step: int) -> None:
+        """Record the step: the engine already samples from the trainer's model object."""
+        if model_step < self._model_step:
+            raise ValueError(f"sync_weights({model_step}) goes back from step {self._model_step}")
+        self._model_step = model_step
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[Generation]:
+        _check_sampling(sampling)
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out: list[Generation] = []
+            for start in range(0, len(prompts), self.batch_size):
+                out += self._generate_chunk(prompts[start : start + self.batch_size], sampling)
+            return out
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def _generate_chunk(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[Generation]:
+        device = self.model.device
+        ids, mask = _left_pad(prompts, self.pad_id)  # [B, P]
+        stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
+        recorder = _FinishRecorder(ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(prompts))
+        res = self.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            generation_config=_generation_config(sampling, self.eos_ids, self.pad_id),
+            stopping_criteria=[recorder],
+        )
+        new = res.sequences[:, ids.shape[1] :].cpu()  # [B, T]
+        temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+        logits = torch.stack(res.logits, dim=1).float().cpu()  # [B, T, V]
+        logits /= temperature
+        chosen = logits.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, T]
+        logprobs = chosen - logits.logsumexp(-1)  # [B, T]
+        finished = recorder.lengths > 0  # [B]
+        lengths = torch.where(finished, recorder.lengths, new.shape[1])  # [B]
+        gens = []
+        for row, n in enumerate(lengths.tolist()):
+            token_ids = new[row, :n].tolist()
+            gens.append(
+                Generation(
+                    token_ids=token_ids,
+                    logprobs=logprobs[row, :n].tolist(),
+                    model_steps=[self._model_step] * n,
+                    finish_reason="stop" if finished[row] else "length",
+                    text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                )
+            )
+        return gens

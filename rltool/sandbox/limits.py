@@ -1,0 +1,68 @@
+"""Resource limits of one sandboxed command, and the ``prlimit`` prefix that applies them.
+
+All limits but the wall clock are rlimits set inside the sandbox, after its user
+namespace exists, by ``prlimit`` exec'ing the command. Being rlimits they are
+per process, except ``max_processes``: RLIMIT_NPROC is counted per (user
+namespace, uid), and every sandbox gets a user namespace of its own, so it
+bounds the processes and threads of that one sandbox. The real memory bound of
+a sandbox is therefore ``max_processes * memory_bytes`` (plus its tmpfs), not
+``memory_bytes``. The wall clock is enforced by the host, which kills the
+sandbox's pid namespace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+PRLIMIT = "/usr/bin/prlimit"  # util-linux; the sandbox sees the host's /usr read-only
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxLimits:
+    cpu_seconds: int = 60
+    """RLIMIT_CPU per process: SIGXCPU at this many CPU seconds, SIGKILL one second later."""
+    memory_bytes: int = 1 << 30
+    """RLIMIT_AS per process: address space, not resident memory; allocations beyond it fail."""
+    max_processes: int = 64
+    """RLIMIT_NPROC for the sandbox (its bwrap init and every thread count); fork fails past it."""
+    max_file_bytes: int = 64 << 20
+    """RLIMIT_FSIZE: no single file can be written past this size (SIGXFSZ / EFBIG)."""
+    wall_clock_s: float = 120.0
+    """Host-enforced: past it the whole sandbox is killed and the result is a timeout."""
+    output_bytes: int = 64 << 10
+    """Bytes kept of each of stdout and stderr (head and tail); the rest is read and dropped."""
+    tmp_bytes: int = 64 << 20
+    """Size of the sandbox's /tmp and /dev/shm tmpfs each (host memory, so it is capped)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"SandboxLimits.{f.name} must be a positive number, got {value!r}")
+            if f.name != "wall_clock_s" and not isinstance(value, int):
+                raise ValueError(f"SandboxLimits.{f.name} must be an integer, got {value!r}")
+        if self.max_processes < 2:
+            # the sandbox's bwrap init counts as one process
+            raise ValueError(
+                f"SandboxLimits.max_processes must be at least 2 (init + command), "
+                f"got {self.max_processes}"
+            )
+
+
+def prlimit_argv(limits: SandboxLimits) -> list[str]:
+    """The argv prefix that sets the limits (soft and hard) and then execs the command.
+
+    The hard CPU limit sits one second above the soft one so that an overrun is
+    first reported by SIGXCPU, which tells it apart from other SIGKILLs. Core
+    dumps are off: the kernel's core pattern here writes them into the cwd (/work).
+    """
+    cpu = limits.cpu_seconds
+    return [
+        PRLIMIT,
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--as={limits.memory_bytes}",
+        f"--nproc={limits.max_processes}",
+        f"--fsize={limits.max_file_bytes}",
+        "--core=0",
+        "--",
+    ]

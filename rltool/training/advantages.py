@@ -1,0 +1,121 @@
+"""Advantage estimators over session clusters (data-contract section 5.2).
+
+Shape legend: C = clusters in the whole batch (all groups together), G = groups,
+M = members of one group.
+
+Within a group the cluster key is ``session_id`` if set, else ``rollout_id``;
+each cluster contributes one reward and every member of a cluster gets its
+cluster's advantage. An estimator maps the batch's cluster rewards and their
+group index to one advantage per cluster, in one vectorised pass (``np.bincount``
+per group, no loop over clusters). A group with a single cluster has no
+baseline: its advantage is 0 under every estimator, never NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rltool.rollout.state import RolloutState
+
+EPS = 1e-6  # as verl and TRL: std + eps, so a constant-reward group gives 0
+
+Estimator = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupStats:
+    count_C: np.ndarray  # [C] clusters in this cluster's group
+    dev_C: np.ndarray  # [C] reward - group mean
+    std_C: np.ndarray  # [C] sample std (n-1) of the group; 0 for a lone cluster
+
+
+def _group_stats(rewards_C: np.ndarray, group_index_C: np.ndarray) -> _GroupStats:
+    r = np.asarray(rewards_C, dtype=np.float64)  # [C]
+    g = np.asarray(group_index_C, dtype=np.int64)  # [C]
+    if r.ndim != 1 or r.shape != g.shape:
+        raise ValueError(f"rewards {r.shape} and group index {g.shape} must be 1-D of equal length")
+    if r.size and (not np.all(np.isfinite(r)) or g.min() < 0):
+        raise ValueError("cluster rewards must be finite and group indices >= 0")
+    count_G = np.bincount(g)  # [G]
+    mean_G = np.bincount(g, weights=r) / np.maximum(count_G, 1)  # [G]
+    dev_C = r - mean_G[g]  # [C]
+    var_G = np.bincount(g, weights=dev_C**2) / np.maximum(count_G - 1, 1)  # [G]
+    return _GroupStats(count_G[g], dev_C, np.sqrt(var_G)[g])
+
+
+def grpo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
+    """(r - mean) / (std + eps), sample std (n-1) of the group."""
+    s = _group_stats(rewards_C, group_index_C)
+    return np.where(s.count_C > 1, s.dev_C / (s.std_C + EPS), 0.0)  # [C]
+
+
+def dr_grpo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
+    """r - mean (Dr. GRPO: no std normalisation)."""
+    s = _group_stats(rewards_C, group_index_C)
+    return np.where(s.count_C > 1, s.dev_C, 0.0)  # [C]
+
+
+def rloo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
+    """r - mean of the other clusters of the group, which is n/(n-1) * (r - mean)."""
+    s = _group_stats(rewards_C, group_index_C)
+    n = s.count_C.astype(np.float64)  # [C]
+    return np.where(s.count_C > 1, s.dev_C * n / np.maximum(n - 1, 1), 0.0)  # [C]
+
+
+def reinforce_pp(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
+    """r - group mean, then whitened over the batch: (x - mean) / (std + eps).
+
+    The batch statistics use the clusters of groups with more than one cluster
+    (sample std, n-1, as verl's ``masked_whiten``); lone clusters stay 0.
+    """
+    s = _group_stats(rewards_C, group_index_C)
+    out = np.zeros_like(s.dev_C)  # [C]
+    active = s.count_C > 1  # [C]
+    x = s.dev_C[active]  # [C_active]
+    if x.size >= 2:
+        out[active] = (x - x.mean()) / (x.std(ddof=1) + EPS)
+    return out
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+}
+
+
+def get_estimator(name: str) -> Estimator:
+    if name not in ESTIMATORS:
+        known = ", ".join(sorted(ESTIMATORS))
+        raise ValueError(
+            f"unknown advantage estimator {name!r} (algorithm.estimator); known: {known}"
+        )
+    return ESTIMATORS[name]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRewards:
+    """The clusters of one group, in order of first appearance."""
+
+    keys: list[str]  # [C] session_id, or rollout_id when the sample has none
+    rewards_C: np.ndarray  # [C] float64, mean member score; NaN when no member has one
+    member_cluster_M: np.ndarray  # [M] int64, cluster of each member
+
+
+def cluster_rewards(group: Sequence[RolloutState]) -> ClusterRewards:
+    """Session clusters of a group and one reward each (the members' mean score)."""
+    index: dict[str, int] = {}
+    member_cluster = [index.setdefault(s.session_id or s.rollout_id, len(index)) for s in group]
+    member_M = np.array(member_cluster, dtype=np.int64)  # [M]
+    scores = [s.score for s in group]
+    has_M = np.array([x is not None for x in scores])  # [M]
+    scores_M = np.array([0.0 if x is None else float(x) for x in scores])  # [M]
+    n_C = np.bincount(member_M, weights=has_M, minlength=len(index))  # [C]
+    sum_C = np.bincount(member_M, weights=scores_M, minlength=len(index))  # [C]
+    rewards_C = np.full(len(index), np.nan)  # [C] NaN: no member has a score
+    np.divide(sum_C, n_C, out=rewards_C, where=n_C > 0)
+    return ClusterRewards(list(index), rewards_C, member_M)

@@ -1,0 +1,643 @@
+"""Step-level conversion (data-contract section 5): groups of RolloutStates in, TrainBatch out.
+
+Shape legend: S = samples (candidates, then training samples), T_s = len(input_ids)
+of sample s, L_s = T_s - 1 its shifted length, F = sum of T_s (every field of
+every sample concatenated once, unshifted), N = sum of L_s over the training
+samples (all shifted positions, packed order), K = width of a per-position
+extra, B = packs, C = clusters.
+
+The steps, in order:
+
+1. screen each group: every member COMPLETED (else skipped, reason = the group
+   status lowercased), a reward wherever the task's ``task_adv_weight`` > 0
+   (else a ValueError), every section-4 invariant (else skipped as "invalid",
+   detail = the first violation from ``rltool.rollout.contract.check_group``);
+2. bake token staleness into the labels, in place, when a limit is set (a group
+   with an expired member is skipped as "expired");
+3. session-clustered advantages over the whole batch, times the task weight;
+4. the one shift and the packing, both by index arithmetic on the concatenated
+   fields: packed position j of sample s reads its model input at flat
+   position ``start_s + j`` and its target, rollout logprob and extras at
+   ``start_s + j + 1``, so no target ever crosses into the next sample;
+5. ``data_info``.
+
+A Python loop runs over groups and samples, never over tokens. The token-level
+invariants are checked once on the concatenated arrays (``_token_errors_S``, the
+vectorised twin of ``check_sample``, kept equal to it by a property test);
+``check_group`` runs only on the groups that fail, to name the violation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rltool.config.schema import RecipeConfig
+from rltool.rollout.contract import LOGPROB_TOLERANCE, check_group, check_group_identity, errors
+from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, group_status
+from rltool.training.advantages import cluster_rewards, get_estimator
+from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
+from rltool.training.packing import pack_lengths, padding_waste
+from rltool.training.staleness import (
+    bake_staleness,
+    sample_threshold,
+    token_staleness,
+    token_threshold,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversionConfig:
+    estimator: str = "grpo"  # a name in rltool.training.advantages.ESTIMATORS
+    pack_max_length: int = 2048  # tokens per packed row
+    task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
+    max_staleness: int | None = None  # None = samples never expire by age
+    max_token_staleness: int | None = None  # None = tokens never cleared by age
+    sync_interval: int = 1  # train steps between weight syncs
+
+    def __post_init__(self) -> None:
+        get_estimator(self.estimator)  # raises with the known names
+        if self.pack_max_length < 1:
+            raise ValueError(f"trainer.pack_max_length must be >= 1, got {self.pack_max_length}")
+        token_threshold(self)  # raises on a bad sync_interval or limit
+        sample_threshold(self)
+        for task, w in self.task_adv_weight.items():
+            if not (math.isfinite(w) and w >= 0):
+                raise ValueError(
+                    f"algorithm.task_adv_weight.{task} must be finite and >= 0, got {w}"
+                )
+
+    @classmethod
+    def from_recipe(cls, recipe: RecipeConfig) -> ConversionConfig:
+        a = recipe.algorithm
+        return cls(
+            estimator=a.estimator,
+            pack_max_length=recipe.trainer.pack_max_length,
+            task_adv_weight={k: float(v) for k, v in a.task_adv_weight.items()},
+            max_staleness=a.max_staleness,
+            max_token_staleness=a.max_token_staleness,
+            sync_interval=a.sync_interval,
+        )
+
+    def task_weight(self, task_name: str) -> float:
+        return float(self.task_adv_weight.get(task_name, 1.0))
+
+    @property
+    def bakes_staleness(self) -> bool:
+        return self.max_staleness is not None or self.max_token_staleness is not None
+
+
+# ---------------------------------------------------------------- status and rewards
+
+
+def _status_skip(group: Sequence[RolloutState]) -> SkippedGroup | None:
+    status = group_status(s.status for s in group)
+    if status == Status.COMPLETED:
+        return None
+    culprit = next(s for s in group if s.status == status)
+    detail = f"{culprit.rollout_id}: {status.value}"
+    if culprit.error:
+        detail += f" ({culprit.error})"
+    return SkippedGroup(group[0].group_id, status.value.lower(), detail)
+
+
+def _require_rewards(group: Sequence[RolloutState], cfg: ConversionConfig) -> None:
+    """Contract 5.1: a missing reward is an error wherever the task's weight is > 0."""
+    for s in group:
+        w = cfg.task_weight(s.task_name)
+        if w > 0 and s.score is None:
+            raise ValueError(
+                f"sample {s.rollout_id} (task {s.task_name!r}, group {s.group_id}) is COMPLETED "
+                f"without reward['score'], but task_adv_weight[{s.task_name!r}] = {w} > 0 "
+                "needs one. Fix the reward function, or set "
+                f"algorithm.task_adv_weight.{s.task_name}: 0 to train it without advantage."
+            )
+
+
+# ---------------------------------------------------------------- concatenated fields
+
+
+def _concat(lists: Sequence[Sequence[Any] | None], code: str, dtype: type) -> np.ndarray:
+    """Python lists -> one array; a None entry's slot stays zero (``sizes`` gives its length).
+
+    struct packs Python numbers straight into the array's buffer, faster than
+    np.fromiter or np.array read them.
+    """
+    sizes = [len(x) for x in lists]
+    out = np.zeros(sum(sizes), dtype=dtype)
+    offset = 0
+    for x, n in zip(lists, sizes, strict=True):
+        struct.pack_into(f"{n}{code}", out, offset * out.itemsize, *x)
+        offset += n
+    return out
+
+
+def _concat_ints(lists: Sequence[Sequence[int]]) -> np.ndarray:
+    """Token ids and labels as int32 (a quarter faster to read), int64 if any is out of range."""
+    try:
+        return _concat(lists, "i", np.int32)
+    except struct.error:
+        return _concat(lists, "q", np.int64)
+
+
+@dataclass(slots=True)
+class _Flat:
+    """Samples' unshifted fields concatenated once; sample s sits at [start_S[s], +T_S[s])."""
+
+    T_S: np.ndarray  # [S] int64
+    P_S: np.ndarray  # [S] int64, len(prompt_ids)
+    start_S: np.ndarray  # [S] int64
+    input_ids_F: np.ndarray  # [F] int32 (int64 for ids beyond int32)
+    labels_F: np.ndarray  # [F] like input_ids_F; patched after the staleness bake
+    logprobs_F: np.ndarray  # [F] float64, zeros for a sample without logprobs
+    steps_start_S: np.ndarray  # [S] int64, offset in steps; -1 without response_model_steps
+    steps: np.ndarray  # [sum of R over samples with steps] int64, response_model_steps
+    supervised_csum: np.ndarray  # [F + 1] int64, supervised labels before each position
+
+    def take(self, idx: np.ndarray) -> _Flat:
+        """The samples ``idx``; the concatenated arrays are shared, not copied."""
+        return _Flat(
+            self.T_S[idx], self.P_S[idx], self.start_S[idx], self.input_ids_F, self.labels_F,
+            self.logprobs_F, self.steps_start_S[idx], self.steps, self.supervised_csum,
+        )  # fmt: skip
+
+    def count_supervised(self) -> None:
+        """(Re)build supervised_csum from labels_F, after the bake cleared some."""
+        np.cumsum(self.labels_F != IGNORE_INDEX, out=self.supervised_csum[1:])
+
+    def supervised_in(self, lo_S: np.ndarray, hi_S: np.ndarray) -> np.ndarray:
+        """Supervised labels of each sample between flat positions lo and hi.  # [S]"""
+        return self.supervised_csum[hi_S] - self.supervised_csum[lo_S]
+
+
+def _flatten(samples: Sequence[RolloutState]) -> _Flat:
+    """Concatenate samples whose lengths were checked (``_shape_ok``)."""
+    T_S = np.array([len(s.input_ids) for s in samples], dtype=np.int64)  # [S]
+    P_S = np.array([len(s.prompt_ids) for s in samples], dtype=np.int64)  # [S]
+    with_steps = [s.response_model_steps is not None for s in samples]
+    R_W = (T_S - P_S)[with_steps]  # [W] response lengths of the samples with steps
+    steps_start_S = np.full(len(samples), -1, dtype=np.int64)
+    steps_start_S[with_steps] = np.cumsum(R_W) - R_W
+    lps = (s.logprobs if s.logprobs is not None else bytes(8 * len(s.input_ids)) for s in samples)
+    steps = (s.response_model_steps for s in samples if s.response_model_steps is not None)
+    flat = _Flat(
+        T_S=T_S,
+        P_S=P_S,
+        start_S=np.cumsum(T_S) - T_S,
+        input_ids_F=_concat_ints([s.input_ids for s in samples]),  # [F]
+        labels_F=_concat_ints([s.labels for s in samples]),  # [F]
+        logprobs_F=_concat(lps, "d", np.float64),  # [F]
+        steps_start_S=steps_start_S,
+        steps=_concat(steps, "q", np.int64),  # [sum R_W]
+        supervised_csum=np.zeros(int(T_S.sum()) + 1, dtype=np.int64),
+    )
+    flat.count_supervised()
+    return flat
+
+
+def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated aranges: start_i, start_i + 1, ..., start_i + length_i - 1 for every i."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+
+
+# ---------------------------------------------------------------- invariants
+
+
+def _finite_score(s: RolloutState) -> bool:
+    score = s.score
+    return isinstance(score, int | float) and math.isfinite(score)
+
+
+def _shape_ok(s: RolloutState, needs_reward: bool) -> bool:
+    """check_sample's errors that need no token loop: lengths (1, 2, 5, extras), the
+    reward (6), and prompt/response prefix equality (2; list == runs at C speed)."""
+    if s.input_ids is None or s.labels is None or s.response_ids is None:
+        return False
+    t, p = len(s.input_ids), len(s.prompt_ids)
+    if t < 2 or len(s.labels) != t or p > t or len(s.response_ids) != t - p:
+        return False
+    if s.logprobs is not None and len(s.logprobs) != t:
+        return False
+    if s.response_model_steps is not None and len(s.response_model_steps) != t - p:
+        return False
+    if s.routed_experts is not None and len(s.routed_experts) != t:
+        return False
+    tt = s.teacher_targets
+    if tt is not None and (len(tt.token_ids) != t or len(tt.logprobs) != t):
+        return False
+    if needs_reward and not _finite_score(s):
+        return False
+    return s.input_ids[:p] == s.prompt_ids and s.input_ids[p:] == s.response_ids
+
+
+def _token_errors_S(flat: _Flat) -> np.ndarray:
+    """Invariants 3, 4 and 5 of every sample at once.  # [S] bool"""
+    ids, labels, lp = flat.input_ids_F, flat.labels_F, flat.logprobs_F  # [F]
+    supervised = labels != IGNORE_INDEX  # [F]
+    bad_F = (
+        (supervised & (labels != ids))  # 3: a label is -100 or its input id
+        | (lp > LOGPROB_TOLERANCE)  # 4: <= 0 where supervised (and 0.0 elsewhere)
+        | (~supervised & (lp != 0.0))
+        | ~np.isfinite(lp)
+    )  # [F]
+    if flat.T_S.size == 0:
+        return bad_F[:0]
+    bad_S = np.logical_or.reduceat(bad_F, flat.start_S)  # [S]; every T_S >= 2
+    bad_S |= flat.supervised_in(flat.start_S, flat.start_S + flat.P_S) > 0  # 3: prompt is -100
+    # 5: response_model_steps never decrease inside a sample (a drop onto a sample's first is fine)
+    dropped = np.flatnonzero(np.diff(flat.steps) < 0) + 1  # positions after a decrease
+    with_steps = np.flatnonzero(flat.steps_start_S >= 0)  # [W], starts ascending
+    owner = with_steps[np.searchsorted(flat.steps_start_S[with_steps], dropped, "right") - 1]
+    bad_S[owner[flat.steps_start_S[owner] != dropped]] = True
+    return bad_S
+
+
+def _identity_ok(group: Sequence[RolloutState]) -> bool:
+    ids = [s.rollout_id for s in group]
+    return len(set(ids)) == len(ids) and not check_group_identity(group)
+
+
+def _invalid_skip(group: Sequence[RolloutState], needs_reward: bool) -> SkippedGroup:
+    bad = errors(check_group(group, require_reward=needs_reward))
+    assert bad, f"group {group[0].group_id}: screened invalid but check_group finds no error"
+    return SkippedGroup(group[0].group_id, "invalid", str(bad[0]))
+
+
+# ---------------------------------------------------------------- staleness
+
+
+@dataclass(slots=True)
+class _StalenessTally:
+    cleared: int = 0
+    expired: int = 0
+
+
+def _bake_group(
+    group: Sequence[RolloutState],
+    first: int,
+    flat: _Flat,
+    train_step: int,
+    cfg: ConversionConfig,
+    tally: _StalenessTally,
+) -> SkippedGroup | None:
+    """Bake every member (so the counts are whole), copy cleared labels into ``flat``;
+    skip the group if any member expired."""
+    expired: list[tuple[RolloutState, str]] = []
+    for i, s in enumerate(group, start=first):
+        r = bake_staleness(s, train_step, cfg)
+        tally.cleared += r.cleared
+        if r.cleared:
+            span = slice(int(flat.start_S[i]), int(flat.start_S[i] + flat.T_S[i]))
+            flat.labels_F[span] = s.labels
+            if s.logprobs is not None:
+                flat.logprobs_F[span] = s.logprobs
+        if r.expired:
+            expired.append((s, f"{r.reason} (oldest token staleness {r.max_staleness})"))
+    tally.expired += len(expired)
+    if not expired:
+        return None
+    s, why = expired[0]
+    return SkippedGroup(group[0].group_id, "expired", f"{s.rollout_id}: {why}")
+
+
+# ---------------------------------------------------------------- screening
+
+
+@dataclass(frozen=True, slots=True)
+class _Screened:
+    flat: _Flat  # every sample of the kept groups (and of groups found invalid or expired)
+    kept: list[Sequence[RolloutState]]  # groups that train
+    kept_S: np.ndarray  # [S_kept] their samples' indices into flat
+    skipped: list[SkippedGroup]
+    tally: _StalenessTally
+
+
+def _screen(
+    groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig, train_step: int
+) -> _Screened:
+    skipped: dict[int, SkippedGroup] = {}  # by group index, so the log keeps the step's order
+    shaped: list[int] = []  # COMPLETED, lengths and prefixes right
+    for g, group in enumerate(groups):
+        if not group:
+            raise ValueError(f"group {g} of the step is empty; every group needs its samples")
+        skip = _status_skip(group)
+        if skip is None:
+            _require_rewards(group, cfg)
+            needs_reward = cfg.task_weight(group[0].task_name) > 0
+            if not (_identity_ok(group) and all(_shape_ok(s, needs_reward) for s in group)):
+                skip = _invalid_skip(group, needs_reward)
+        if skip is None:
+            shaped.append(g)
+        else:
+            skipped[g] = skip
+
+    flat = _flatten([s for g in shaped for s in groups[g]])
+    token_bad_S = _token_errors_S(flat)  # [S]
+    tally = _StalenessTally()
+    kept, kept_S, first = [], [], 0
+    for g in shaped:
+        group = groups[g]
+        members = np.arange(first, first + len(group))
+        skip = None
+        if token_bad_S[members].any():
+            skip = _invalid_skip(group, cfg.task_weight(group[0].task_name) > 0)
+        elif cfg.bakes_staleness:
+            skip = _bake_group(group, first, flat, train_step, cfg, tally)
+        if skip is None:
+            kept.append(group)
+            kept_S.append(members)
+        else:
+            skipped[g] = skip
+        first += len(group)
+    if tally.cleared:
+        flat.count_supervised()
+    in_order = [skipped[g] for g in sorted(skipped)]
+    for skip in in_order:
+        log.warning("skipping group %s: %s (%s)", skip.group_id, skip.reason, skip.detail)
+    kept_idx = np.concatenate(kept_S) if kept_S else np.zeros(0, dtype=np.int64)
+    return _Screened(flat, kept, kept_idx, in_order, tally)
+
+
+# ---------------------------------------------------------------- advantages
+
+
+@dataclass(frozen=True, slots=True)
+class _Advantages:
+    sample_S: np.ndarray  # [S] float64, cluster advantage times task weight
+    rewards_C: np.ndarray  # [C] float64, NaN where no member has a score
+
+
+def _advantages(groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig) -> _Advantages:
+    """One estimator call over every cluster of every group with weight > 0."""
+    if not groups:
+        return _Advantages(np.zeros(0), np.zeros(0))
+    clusters = [cluster_rewards(g) for g in groups]
+    n_G = np.array([len(c.keys) for c in clusters], dtype=np.int64)  # [G]
+    rewards_C = np.concatenate([c.rewards_C for c in clusters])  # [C]
+    group_C = np.repeat(np.arange(len(groups)), n_G)  # [C]
+    weight_G = np.array([cfg.task_weight(g[0].task_name) for g in groups])  # [G]
+    weight_C = weight_G[group_C]  # [C]
+    active_C = weight_C > 0  # weight 0: no reward needed, advantage 0
+    adv_C = np.zeros_like(rewards_C)  # [C]
+    estimate = get_estimator(cfg.estimator)
+    adv_C[active_C] = estimate(rewards_C[active_C], group_C[active_C]) * weight_C[active_C]
+    first_G = np.cumsum(n_G) - n_G  # [G] first cluster of each group
+    members = [first + c.member_cluster_M for first, c in zip(first_G, clusters, strict=True)]
+    return _Advantages(adv_C[np.concatenate(members)], rewards_C)
+
+
+# ---------------------------------------------------------------- shift and pack
+
+
+def _extra_F(
+    samples: Sequence[RolloutState], name: str, get: Callable[[RolloutState], Any], dtype: type
+) -> np.ndarray | None:
+    """A per-position extra of every sample concatenated, [F, K]; None when no sample has it."""
+    values = [get(s) for s in samples]
+    if all(v is None for v in values):
+        return None
+    arrays: list[np.ndarray] = []
+    for s, v in zip(samples, values, strict=True):
+        if v is None:
+            raise ValueError(
+                f"sample {s.rollout_id}: {name} missing while other samples of the step carry it; "
+                "every sample of a step must have it or none"
+            )
+        try:
+            a = np.array(v, dtype=dtype)  # [T, K]
+        except ValueError as exc:
+            raise ValueError(f"sample {s.rollout_id}: {name} rows differ in width") from exc
+        if a.ndim != 2 or (arrays and a.shape[1] != arrays[0].shape[1]):
+            k = arrays[0].shape[1] if arrays else "K"
+            raise ValueError(f"sample {s.rollout_id}: {name} has shape {a.shape}, need [T, {k}]")
+        arrays.append(a)
+    return np.concatenate(arrays)  # [F, K]
+
+
+def _teacher_kind(samples: Sequence[RolloutState]) -> str | None:
+    kinds = {s.teacher_targets.kind for s in samples if s.teacher_targets is not None}
+    if len(kinds) > 1:
+        raise ValueError(f"teacher_targets kinds {sorted(kinds)} mixed in one step; use one kind")
+    return kinds.pop() if kinds else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where each training sample goes in the packed stream."""
+
+    rows: list[list[int]]  # [B] sample indices per pack, ascending
+    order_S: np.ndarray  # [S] sample indices in packed order
+    offset_S: np.ndarray  # [S] start of each sample (by sample index) in the packed stream
+    pack_bounds: np.ndarray  # [B + 1] pack starts in the packed stream
+    src_N: np.ndarray  # [N] flat position of each packed model input
+    position_ids_N: np.ndarray  # [N] int64, restarts at 0 per sample
+
+
+def _layout(flat: _Flat, rollout_ids: Sequence[str], max_len: int) -> _Layout:
+    L_S = flat.T_S - 1  # [S]
+    rows = pack_lengths(L_S, max_len, ids=rollout_ids)
+    order_S = np.array([i for r in rows for i in r], dtype=np.int64)  # [S]
+    L_packed = L_S[order_S]  # [S]
+    offset_packed = np.cumsum(L_packed) - L_packed  # [S]
+    offset_S = np.empty_like(offset_packed)
+    offset_S[order_S] = offset_packed
+    row_ends = np.cumsum([len(r) for r in rows], dtype=np.int64)  # [B] in packed samples
+    pack_bounds = np.concatenate([[0], (offset_packed + L_packed)[row_ends - 1]])  # [B + 1]
+    # position ids: a running count that drops back to 0 at each sample start
+    position_ids_N = np.ones(int(L_S.sum()), dtype=np.int64)  # [N]
+    position_ids_N[offset_packed] = 1 - np.concatenate([[1], L_packed[:-1]])
+    np.cumsum(position_ids_N, out=position_ids_N)
+    src_N = np.repeat(flat.start_S[order_S], L_packed)  # [N]
+    src_N += position_ids_N
+    return _Layout(rows, order_S, offset_S, pack_bounds, src_N, position_ids_N)
+
+
+def check_pack_widths(pack: Pack, index: int = 0) -> None:
+    """Every per-position field of a pack has the width of its input_ids (contract 5.4)."""
+    n = len(pack)
+    fields = {
+        "targets": pack.targets,
+        "advantages": pack.advantages,
+        "rollout_logprobs": pack.rollout_logprobs,
+        "position_ids": pack.position_ids,
+        "routed_experts": pack.routed_experts,
+        "teacher_token_ids": pack.teacher_token_ids,
+        "teacher_logprobs": pack.teacher_logprobs,
+    }
+    for name, t in fields.items():
+        if t is not None and t.shape[0] != n:
+            raise ValueError(f"pack {index}: {name} has {t.shape[0]} positions, input_ids has {n}")
+    if int(pack.cu_seq_lens[-1]) != n:
+        raise ValueError(f"pack {index}: cu_seq_lens ends at {int(pack.cu_seq_lens[-1])}, not {n}")
+
+
+def _packs(
+    samples: Sequence[RolloutState], flat: _Flat, lay: _Layout, adv_S: np.ndarray
+) -> list[Pack]:
+    src = lay.src_N  # [N] model input at src, its target one further: read through [1:] views
+    targets_N = flat.labels_F[1:][src]  # [N]
+    adv_N = np.repeat(adv_S[lay.order_S].astype(np.float32), flat.T_S[lay.order_S] - 1)  # [N]
+    np.multiply(adv_N, targets_N != IGNORE_INDEX, out=adv_N)
+
+    def teacher(attr: str) -> Callable[[RolloutState], Any]:
+        return lambda s: None if s.teacher_targets is None else getattr(s.teacher_targets, attr)
+
+    routed = _extra_F(samples, "routed_experts", lambda s: s.routed_experts, np.int64)
+    t_ids = _extra_F(samples, "teacher_targets.token_ids", teacher("token_ids"), np.int64)
+    t_lps = _extra_F(samples, "teacher_targets.logprobs", teacher("logprobs"), np.float32)
+    tgt_extra = None
+    if routed is not None or t_ids is not None:
+        # the extras' own concatenation holds only the training samples: their own offsets
+        starts = np.cumsum(flat.T_S) - flat.T_S  # [S]
+        L_packed = flat.T_S[lay.order_S] - 1  # [S]
+        tgt_extra = lay.position_ids_N + np.repeat(starts[lay.order_S], L_packed) + 1  # [N]
+    per_position: dict[str, torch.Tensor | None] = {
+        "input_ids": torch.from_numpy(flat.input_ids_F[src].astype(np.int64)),  # [N]
+        "targets": torch.from_numpy(targets_N.astype(np.int64)),  # [N]
+        "advantages": torch.from_numpy(adv_N),  # [N]
+        "rollout_logprobs": torch.from_numpy(flat.logprobs_F[1:][src].astype(np.float32)),
+        "position_ids": torch.from_numpy(lay.position_ids_N),  # [N]
+        "routed_experts": None if routed is None else torch.from_numpy(routed[tgt_extra]),
+        "teacher_token_ids": None if t_ids is None else torch.from_numpy(t_ids[tgt_extra]),
+        "teacher_logprobs": None if t_lps is None else torch.from_numpy(t_lps[tgt_extra]),
+    }  # extras: [N, K]
+    kind = _teacher_kind(samples)
+    row_tokens = np.diff(lay.pack_bounds).tolist()  # [B]
+    # one split per field gives every pack its view of the packed stream
+    split = {k: None if t is None else t.split(row_tokens) for k, t in per_position.items()}
+    packs = []
+    for b, row in enumerate(lay.rows):
+        L_row = flat.T_S[row] - 1  # [S_row]
+        cu = np.zeros(len(row) + 1, dtype=np.int32)  # [S_row + 1]
+        np.cumsum(L_row, out=cu[1:])
+        pack = Pack(
+            **{k: None if views is None else views[b] for k, views in split.items()},
+            cu_seq_lens=torch.from_numpy(cu),
+            max_seq_len=int(L_row.max()),
+            sample_index=list(row),
+            teacher_kind=kind,
+        )
+        check_pack_widths(pack, b)
+        packs.append(pack)
+    return packs
+
+
+# ---------------------------------------------------------------- data_info
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {f"{prefix}/mean": 0.0, f"{prefix}/min": 0.0, f"{prefix}/max": 0.0}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/min": float(values.min()),
+        f"{prefix}/max": float(values.max()),
+    }
+
+
+def _supervised_staleness(flat: _Flat, train_step: int) -> np.ndarray:
+    """Staleness of every supervised response token of the samples that carry model steps."""
+    w = flat.steps_start_S >= 0  # [S]
+    R_W = (flat.T_S - flat.P_S)[w]  # [W]
+    label_pos = _segments((flat.start_S + flat.P_S)[w], R_W)  # [sum R_W] flat response positions
+    step_pos = _segments(flat.steps_start_S[w], R_W)  # [sum R_W]
+    supervised = flat.labels_F[label_pos] != IGNORE_INDEX
+    return token_staleness(train_step, flat.steps[step_pos[supervised]])
+
+
+def _data_info(
+    n_groups: int,
+    scr: _Screened,
+    samples: Sequence[RolloutState],
+    flat: _Flat,
+    adv_S: np.ndarray,
+    rewards_C: np.ndarray,
+    n_packs: int,
+    train_step: int,
+    cfg: ConversionConfig,
+) -> dict[str, float]:
+    """Per-sample counts only: a sample's loss-active tokens all carry its advantage."""
+    response_len_S = flat.supervised_in(flat.start_S + 1, flat.start_S + flat.T_S)  # [S] targets
+    n_tokens = int((flat.T_S - 1).sum())
+    n_active = int(response_len_S.sum())
+    trains_S = response_len_S > 0  # [S]
+    adv_stats = _stats("data/advantages", adv_S[trains_S])
+    if n_active:
+        adv_stats["data/advantages/mean"] = float(adv_S @ response_len_S / n_active)
+    staleness = _supervised_staleness(flat, train_step)
+    tool_turns_S = np.array([float((s.extra or {}).get("tool_turns", 0)) for s in samples])
+    info: dict[str, float] = {
+        "data/groups": float(n_groups),
+        "data/skipped_groups": float(len(scr.skipped)),
+    }
+    for reason, n in sorted(Counter(g.reason for g in scr.skipped).items()):
+        info[f"data/skipped/{reason}"] = float(n)
+    info |= {
+        "data/training_samples": float(len(samples)),
+        "data/training_tokens": float(n_tokens),
+        "data/supervised_tokens": float(n_active),
+        "data/packs": float(n_packs),
+        "data/padding_waste": padding_waste(n_tokens, n_packs, cfg.pack_max_length),
+    }
+    info |= _stats("data/rewards", rewards_C[np.isfinite(rewards_C)])
+    info |= adv_stats
+    info |= _stats("data/prompt_len", flat.P_S.astype(np.float64))
+    info |= _stats("data/response_len", response_len_S.astype(np.float64))
+    info["data/tool_turns/mean"] = float(tool_turns_S.mean()) if samples else 0.0
+    info["data/staleness/mean"] = float(staleness.mean()) if staleness.size else 0.0
+    info["data/staleness/max"] = float(staleness.max()) if staleness.size else 0.0
+    info["data/staleness/stale_tokens"] = float(scr.tally.cleared)
+    info["data/staleness/expired_samples"] = float(scr.tally.expired)
+    return info
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def convert_groups(
+    groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig, train_step: int = 0
+) -> TrainBatch:
+    """One step's groups -> packed, shifted TrainBatch with data_info.
+
+    Bakes staleness into the members' labels in place when a limit is set.
+    Raises ValueError for a missing reward with task weight > 0, for a sample
+    longer than ``pack_max_length``, and for extras present on only some samples.
+    """
+    scr = _screen(groups, cfg, train_step)
+    samples = [s for g in scr.kept for s in g]
+    flat = scr.flat.take(scr.kept_S)
+    adv = _advantages(scr.kept, cfg)
+    lay = _layout(flat, [s.rollout_id for s in samples], cfg.pack_max_length)
+    packs = _packs(samples, flat, lay, adv.sample_S)
+    pack_of_S = np.empty(len(samples), dtype=np.int64)
+    for b, row in enumerate(lay.rows):
+        pack_of_S[row] = b
+    start_S = lay.offset_S - lay.pack_bounds[pack_of_S]  # [S] offset inside its pack
+    infos = [
+        SampleInfo(
+            rollout_id=s.rollout_id,
+            group_id=s.group_id,
+            task_name=s.task_name,
+            pack=int(pack_of_S[i]),
+            start=int(start_S[i]),
+            length=int(flat.T_S[i] - 1),
+            advantage=float(adv.sample_S[i]),
+            has_rollout_logprobs=s.logprobs is not None,
+        )
+        for i, s in enumerate(samples)
+    ]
+    info = _data_info(
+        len(groups), scr, samples, flat, adv.sample_S, adv.rewards_C, len(packs), train_step, cfg
+    )
+    return TrainBatch(packs=packs, samples=infos, skipped_groups=scr.skipped, data_info=info)

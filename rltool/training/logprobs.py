@@ -1,0 +1,89 @@
+"""Per-token logprobs (and entropy) of a packed row in one forward.
+
+Shape legend: N = tokens in the packed row, V = vocabulary size.
+
+The row holds several samples back to back with ``position_ids`` restarting at
+0 per sample. transformers 5 derives a block-diagonal attention mask from those
+restarting positions only when ``attention_mask=None`` and ``use_cache=False``;
+with the cache on it silently lets samples attend to each other (facts.md).
+``tests/training/test_logprobs.py`` locks this: packed == each sample alone.
+
+logprob of target y at a position with logits z (already divided by the
+sampling temperature, so the trainer scores the distribution the engine sampled
+from): ``z[y] - logsumexp(z)``. That avoids a second [N, V] tensor from
+``log_softmax``; only the row's logits themselves stay alive for the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rltool.rollout.state import IGNORE_INDEX
+from rltool.training.batch import Pack
+
+_ENTROPY_CHUNK = 1024  # rows per chunk when entropy is only a metric (bounds the [N, V] copy)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
+    """Logits of one packed row; the flags below are what keeps samples apart."""
+    device = model_device(model)
+    out = model(
+        input_ids=pack.input_ids.to(device)[None],  # [1, N]
+        position_ids=pack.position_ids.to(device)[None],  # [1, N]
+        attention_mask=None,
+        use_cache=False,
+    )
+    return out.logits[0]  # [N, V]
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs, scaled logits): logprob of each target, 0 where the target is -100."""
+    logits = logits.float()  # [N, V], no copy for a float32 model
+    if temperature != 1.0:
+        logits = logits / temperature  # [N, V]
+    mask = targets != IGNORE_INDEX  # [N]
+    safe = torch.where(mask, targets, torch.zeros_like(targets))  # [N]
+    picked = logits.gather(-1, safe[:, None]).squeeze(-1)  # [N]
+    logp = picked - torch.logsumexp(logits, dim=-1)  # [N]
+    return torch.where(mask, logp, torch.zeros_like(logp)), logits
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(z) per row: logsumexp(z) - sum softmax(z) * z."""
+    lse = torch.logsumexp(logits, dim=-1)  # [N]
+    probs = torch.softmax(logits, dim=-1)  # [N, V]
+    return lse - (probs * logits).sum(-1)  # [N]
+
+
+def _entropy_no_grad(logits: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        chunks = torch.split(logits.detach(), _ENTROPY_CHUNK)
+        return torch.cat([entropy_from_logits(c) for c in chunks])  # [N]
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    pack: Pack,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs [N], entropy [N] or None) of one packed row, on the model's device.
+
+    Entropy is of the temperature-scaled distribution at every position (mask it
+    yourself). ``entropy_grad=False`` computes it detached and in row chunks, for
+    when it is only a metric.
+    """
+    targets = pack.targets.to(model_device(model))  # [N]
+    logp, logits = token_logprobs(packed_logits(model, pack), targets, temperature)
+    if not with_entropy:
+        return logp, None
+    use_grad = entropy_grad and torch.is_grad_enabled()
+    entropy = entropy_from_logits(logits) if use_grad else _entropy_no_grad(logits)
+    return logp, entropy

@@ -1,0 +1,162 @@
+"""The policy loss: PPO/GRPO clipping, truncated IS, KL to a reference, aggregation.
+
+Shape legend: N = tokens in one packed row (one micro-batch), S = samples in it.
+Every function is pure and works on per-token tensors of one row; the loss mask
+is ``targets != -100`` and ``cu_seq_lens`` ([S + 1]) gives the sample boundaries.
+
+What the algorithm is, per supervised token t of a sample with advantage A::
+
+    r_t   = exp(logp_t - old_t)                       (new / old trainer policy)
+    pg_t  = max(-A r_t, -A clip(r_t, 1 - clip_low, 1 + clip_high))
+    pg_t  = min(pg_t, -A * dual_clip)                 only where A < 0 (dual clip)
+    w_t   = min(exp(old_t - rollout_t), tis_cap)      detached; 1 without rollout logprobs
+    loss  = agg(w * pg) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy)
+
+GRPO is this loss with ``clip_low == clip_high``; DAPO's clip-higher raises
+``clip_high``. ``old`` is the trainer's own recompute of the sampling policy and
+``rollout`` what the engine reported: w corrects the engine/trainer mismatch
+(truncated importance sampling), the clip bounds the step away from ``old``.
+
+Aggregation divides by *global* counts (the whole mini-batch), so summing the
+per-micro-batch losses, or their gradients, gives exactly the full mini-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# exp() of a log-ratio beyond this overflows float32 or means the sample is garbage
+_MAX_LOG_RATIO = 20.0
+
+
+@dataclass(slots=True)
+class PolicyLoss:
+    pg: torch.Tensor  # [N] per-token clipped policy-gradient loss
+    ratio: torch.Tensor  # [N] exp(logp - old), detached
+    clipped: torch.Tensor  # [N] bool, a clip (either side, or the dual clip) is active
+
+
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> PolicyLoss:
+    """Per-token PPO clipped surrogate with verl's dual clip for negative advantages.
+
+    The pessimistic max of the unclipped and clipped surrogate stops the gradient
+    once the ratio has left ``[1 - clip_low, 1 + clip_high]`` in the direction the
+    advantage pushes it. For A < 0 the unclipped term -A r grows without bound as
+    r grows; the dual clip caps the loss at -A * dual_clip (gradient 0 beyond).
+    """
+    log_ratio = (logp - old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N]
+    ratio = torch.exp(log_ratio)  # [N]
+    pg_unclipped = -advantages * ratio  # [N]
+    pg_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [N]
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # [N]
+    clipped = pg_clipped > pg_unclipped  # [N]
+    if dual_clip is not None:
+        pg_dual = -advantages * dual_clip  # [N]
+        dual_active = (advantages < 0) & (pg > pg_dual)  # [N]
+        pg = torch.where(dual_active, pg_dual, pg)  # [N]
+        clipped = clipped | dual_active
+    return PolicyLoss(pg=pg, ratio=ratio.detach(), clipped=clipped)
+
+
+def tis_weights(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    cap: float,
+    has_rollout: torch.Tensor,
+) -> torch.Tensor:
+    """Truncated importance weight old/rollout = min(exp(old - rollout), cap), detached.
+
+    ``has_rollout`` ([N] bool) is False for tokens of samples whose engine
+    returned no logprobs: those get weight 1 (no correction possible).
+    """
+    log_w = (old_logp - rollout_logp).detach().clamp(max=_MAX_LOG_RATIO)  # [N]
+    weight = torch.exp(log_w).clamp(max=cap)  # [N]
+    return torch.where(has_rollout, weight, torch.ones_like(weight))  # [N]
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled tokens (Schulman's k1/k2/k3).
+
+    With d = ref - logp:  k1 = -d (unbiased, can be negative), k2 = d^2 / 2,
+    k3 = exp(d) - d - 1 (unbiased for the KL value, always >= 0).
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(
+            f"algorithm.kl_estimator: unknown {estimator!r}; known: {', '.join(KL_ESTIMATORS)}"
+        )
+    d = ref_logp - logp  # [N]
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.exp(d) - d - 1.0
+
+
+def sequence_ids(cu_seq_lens: torch.Tensor, n: int) -> torch.Tensor:
+    """Index of the sample each of the n positions belongs to; S past the last sample."""
+    ends = cu_seq_lens[1:].to(torch.long)  # [S]
+    positions = torch.arange(n, device=ends.device)  # [N]
+    return torch.searchsorted(ends, positions, right=True)  # [N] in 0..S
+
+
+def count_tokens_and_seqs(mask: torch.Tensor, cu_seq_lens: torch.Tensor) -> tuple[int, int]:
+    """Loss-active tokens, and samples with at least one of them, in one row."""
+    num_samples = int(cu_seq_lens.shape[0]) - 1
+    seq = sequence_ids(cu_seq_lens, int(mask.shape[0]))  # [N]
+    per_seq = torch.bincount(seq[mask], minlength=num_samples + 1)  # [S + 1]
+    assert int(per_seq[num_samples]) == 0, "a loss-active position lies outside every sample"
+    return int(mask.sum()), int((per_seq[:num_samples] > 0).sum())
+
+
+def aggregate(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    mode: str,
+    num_tokens: int,
+    num_seqs: int,
+    norm_len: int | None = None,
+) -> torch.Tensor:
+    """This row's share of the mini-batch loss; summing the shares gives the full loss.
+
+    ``num_tokens`` / ``num_seqs`` are the counts over the whole mini-batch
+    (``count_tokens_and_seqs`` summed over its rows); a sample never spans rows.
+
+    - ``token-mean``: sum of token losses / num_tokens (every token weighs the same).
+    - ``seq-mean-token-mean``: mean over samples of each sample's token mean
+      (every sample weighs the same, whatever its length).
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO): sum of token losses / norm_len per
+      sample, mean over samples; norm_len is a constant (the response budget) so
+      no length bias enters.
+    Samples without an active token count in no mode.
+    """
+    masked = torch.where(mask, loss, torch.zeros_like(loss))  # [N]
+    if mode == "token-mean":
+        return masked.sum() / max(num_tokens, 1)
+    if mode == "seq-mean-token-mean":
+        num_samples = int(cu_seq_lens.shape[0]) - 1
+        seq = sequence_ids(cu_seq_lens, int(loss.shape[0]))  # [N]
+        zeros = loss.new_zeros(num_samples + 1)  # [S + 1]
+        seq_sum = zeros.index_add(0, seq, masked)  # [S + 1]
+        seq_len = zeros.index_add(0, seq, mask.to(loss.dtype))  # [S + 1]
+        return (seq_sum[:num_samples] / seq_len[:num_samples].clamp(min=1)).sum() / max(num_seqs, 1)
+    if mode == "seq-mean-token-sum-norm":
+        if norm_len is None or norm_len <= 0:
+            raise ValueError(
+                "loss_agg 'seq-mean-token-sum-norm' needs a positive norm_len "
+                "(the maximum response length)"
+            )
+        return masked.sum() / (norm_len * max(num_seqs, 1))
+    raise ValueError(f"algorithm.loss_agg: unknown {mode!r}; known: {', '.join(LOSS_AGG_MODES)}")

@@ -1,0 +1,108 @@
+"""Token staleness (data-contract section 6), baked into labels in place.
+
+Shape legend: T = len(input_ids), P = len(prompt_ids), R = T - P response tokens.
+
+``staleness(token) = train_step - model_step - 1`` (0 in a synchronous run).
+With ``sync_interval`` train steps between weight syncs:
+
+- a token stays trainable while ``staleness < (max_token_staleness + 1) * sync_interval``;
+- a sample expires when its oldest token reaches ``(max_staleness + 1) * sync_interval``,
+  or when no supervised token is left.
+
+Stale tokens get label -100 (and logprob 0.0, so the sample still satisfies
+invariant 4). Clearing only ever removes supervision, so baking again, at the
+replay buffer's expiry check and again when the batch is taken, gives
+identical labels. A sample without ``response_model_steps`` is never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from rltool.rollout.state import IGNORE_INDEX, RolloutState
+
+
+class StalenessLimits(Protocol):
+    """What the bake reads: ``ConversionConfig`` and ``AlgorithmConfig`` both fit."""
+
+    max_staleness: int | None
+    max_token_staleness: int | None
+    sync_interval: int
+
+
+def _threshold(limit: int | None, sync_interval: int, name: str) -> int | None:
+    if sync_interval < 1:
+        raise ValueError(f"algorithm.sync_interval must be >= 1, got {sync_interval}")
+    if limit is None:
+        return None
+    if limit < 0:
+        raise ValueError(f"algorithm.{name} must be >= 0 or null (no limit), got {limit}")
+    return (limit + 1) * sync_interval
+
+
+def token_threshold(cfg: StalenessLimits) -> int | None:
+    """A token is trainable while its staleness is below this; None = no limit."""
+    return _threshold(cfg.max_token_staleness, cfg.sync_interval, "max_token_staleness")
+
+
+def sample_threshold(cfg: StalenessLimits) -> int | None:
+    """A sample expires when its oldest token reaches this; None = no limit."""
+    return _threshold(cfg.max_staleness, cfg.sync_interval, "max_staleness")
+
+
+def token_staleness(train_step: int, model_steps: Sequence[int] | np.ndarray) -> np.ndarray:
+    """train_step - model_step - 1 per token."""
+    return train_step - np.asarray(model_steps, dtype=np.int64) - 1  # [R]
+
+
+@dataclass(frozen=True, slots=True)
+class StalenessResult:
+    cleared: int  # supervised tokens this call set to -100
+    max_staleness: int  # staleness of the oldest response token; 0 without model steps
+    expired: bool
+    reason: str | None = None  # "max_staleness" | "no_supervised_tokens" when expired
+
+
+NOT_STALE = StalenessResult(cleared=0, max_staleness=0, expired=False)
+
+
+def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -> StalenessResult:
+    """Clear stale tokens' labels (and logprobs) of one sample in place; report expiry.
+
+    Expects the sample's fields to satisfy the section-4 invariants (the lengths
+    in particular); with both limits None nothing is cleared and nothing expires.
+    """
+    tok_thr, sample_thr = token_threshold(cfg), sample_threshold(cfg)
+    if state.response_model_steps is None:
+        return NOT_STALE
+    assert state.labels is not None
+    staleness_R = token_staleness(train_step, state.response_model_steps)  # [R]
+    oldest = int(staleness_R.max()) if staleness_R.size else 0
+    if tok_thr is None and sample_thr is None:
+        return StalenessResult(cleared=0, max_staleness=oldest, expired=False)
+
+    p = len(state.prompt_ids)
+    labels_T = np.asarray(state.labels, dtype=np.int64)  # [T]
+    cleared = 0
+    if tok_thr is not None:
+        stale_R = (staleness_R >= tok_thr) & (labels_T[p:] != IGNORE_INDEX)  # [R]
+        cleared = int(stale_R.sum())
+        if cleared:
+            pos = np.flatnonzero(stale_R) + p  # positions in the full sequence
+            labels_T[pos] = IGNORE_INDEX
+            state.labels[:] = labels_T.tolist()
+            if state.logprobs is not None:
+                logprobs_T = np.asarray(state.logprobs, dtype=np.float64)  # [T]
+                logprobs_T[pos] = 0.0
+                state.logprobs[:] = logprobs_T.tolist()
+
+    reason = None
+    if sample_thr is not None and oldest >= sample_thr:
+        reason = "max_staleness"
+    elif not np.any(labels_T != IGNORE_INDEX):
+        reason = "no_supervised_tokens"
+    return StalenessResult(cleared, oldest, reason is not None, reason)

@@ -1,0 +1,240 @@
+"""One policy update (train step) from a list of packed rows.
+
+A train step is::
+
+    old_logp = logp under the current weights, no grad    (skipped if on-policy, below)
+    ref_logp = logp under the frozen reference, no grad   (only when kl_coef > 0)
+    split the packs into `mini_batches` groups, balanced by loss tokens
+        (a pack is never split: with fewer packs than mini_batches, fewer optimizer
+        steps; `actor/optimizer_steps` reports how many ran)
+    for epoch in ppo_epochs:
+        for mini-batch in groups:
+            for pack in mini-batch:          one pack = one micro-batch
+                forward, loss (losses.py, global denominators), backward
+            clip the grad norm, optimizer.step, zero_grad
+    scheduler.step                           once: the schedule counts train steps
+
+With one epoch and one mini-batch the weights cannot change between sampling
+``old`` and the only forward, so ``old_logp = logp.detach()`` exactly and the
+extra no-grad forward is skipped. Forwards run with dropout off (``eval()``) so
+that recompute and training forward score the same function; the caller's mode
+is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+from rltool.config.schema import AlgorithmConfig
+from rltool.rollout.state import IGNORE_INDEX
+from rltool.training.batch import Pack
+from rltool.training.logprobs import forward_logprobs, model_device
+from rltool.training.losses import (
+    LOSS_AGG_MODES,
+    aggregate,
+    count_tokens_and_seqs,
+    kl_penalty,
+    ppo_policy_loss,
+    sequence_ids,
+    tis_weights,
+)
+
+
+def split_mini_batches(sizes: list[int], n: int) -> list[list[int]]:
+    """Pack indices in ``n`` groups of near-equal total size (largest first, to the lightest).
+
+    Fewer groups when there are fewer packs than ``n``; indices keep row order.
+    """
+    groups: list[list[int]] = [[] for _ in range(min(n, len(sizes)))]
+    totals = [0] * len(groups)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        g = totals.index(min(totals))
+        groups[g].append(i)
+        totals[g] += sizes[i]
+    return [sorted(g) for g in groups]
+
+
+def rollout_logprob_mask(pack: Pack) -> torch.Tensor:
+    """[N] bool: the token's sample carries engine logprobs.
+
+    A sample without them has rollout logprob 0 at every supervised position
+    (data contract); a sample with them can be all-zero only if the engine was
+    certain of every token, where old is ~0 too and the weight is ~1 either way.
+    """
+    mask = pack.targets != IGNORE_INDEX  # [N]
+    num_samples = int(pack.cu_seq_lens.shape[0]) - 1
+    seq = sequence_ids(pack.cu_seq_lens, len(pack))  # [N]
+    nonzero = (mask & (pack.rollout_logprobs != 0)).to(torch.long)  # [N]
+    has = torch.zeros(num_samples + 1, dtype=torch.long, device=seq.device)
+    has = has.index_add(0, seq, nonzero) > 0  # [S + 1]
+    return has[seq]  # [N]
+
+
+@contextmanager
+def _dropout_off(*models: torch.nn.Module | None):
+    modes = [(m, m.training) for m in models if m is not None]
+    for m, _ in modes:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in modes:
+            m.train(was_training)
+
+
+class PolicyUpdater:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        algo: AlgorithmConfig,
+        grad_clip: float | None = None,
+        ref_model: torch.nn.Module | None = None,
+        temperature: float = 1.0,
+        norm_len: int | None = None,
+    ) -> None:
+        """``norm_len``: the constant of ``seq-mean-token-sum-norm`` (max response tokens)."""
+        if algo.loss_agg not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"algorithm.loss_agg: unknown {algo.loss_agg!r}; known: {', '.join(LOSS_AGG_MODES)}"
+            )
+        if algo.loss_agg == "seq-mean-token-sum-norm" and not norm_len:
+            raise ValueError(
+                "algorithm.loss_agg 'seq-mean-token-sum-norm' needs norm_len "
+                "(pass rollout.sampling.max_new_tokens to PolicyUpdater)"
+            )
+        if algo.dual_clip is not None and algo.dual_clip <= 1.0:
+            raise ValueError(f"algorithm.dual_clip must be > 1 or null, got {algo.dual_clip}")
+        if algo.kl_coef > 0 and ref_model is None:
+            raise ValueError("algorithm.kl_coef > 0 needs a reference model (ref_model)")
+        if algo.ppo_epochs < 1 or algo.mini_batches < 1:
+            raise ValueError("algorithm.ppo_epochs and algorithm.mini_batches must be >= 1")
+        if temperature <= 0:
+            raise ValueError(f"the training temperature must be > 0, got {temperature}")
+        kl_penalty(torch.zeros(1), torch.zeros(1), algo.kl_estimator)  # names a bad estimator
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.algo, self.ref_model = algo, ref_model
+        self.grad_clip = grad_clip if grad_clip and grad_clip > 0 else math.inf
+        self.temperature, self.norm_len = temperature, norm_len
+
+    def step(self, packs: list[Pack]) -> dict[str, float]:
+        """One train step over every pack; returns ``actor/*`` metrics."""
+        if not packs:
+            raise ValueError("PolicyUpdater.step needs at least one pack")
+        with _dropout_off(self.model, self.ref_model):
+            return self._step(packs)
+
+    def _logprobs_no_grad(self, model: torch.nn.Module, packs: list[Pack]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [forward_logprobs(model, p, self.temperature, False)[0] for p in packs]
+
+    def _step(self, packs: list[Pack]) -> dict[str, float]:
+        algo, device = self.algo, model_device(self.model)
+        masks = [(p.targets != IGNORE_INDEX).to(device) for p in packs]  # [N] each
+        counts = [count_tokens_and_seqs(p.targets != IGNORE_INDEX, p.cu_seq_lens) for p in packs]
+        groups = split_mini_batches([c[0] for c in counts], algo.mini_batches)
+        on_policy = algo.ppo_epochs * len(groups) == 1
+        old = None if on_policy else self._logprobs_no_grad(self.model, packs)
+        ref = self._logprobs_no_grad(self.ref_model, packs) if algo.kl_coef > 0 else None
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=device))
+        grad_norms: list[float] = []
+        for _ in range(algo.ppo_epochs):
+            for group in groups:
+                num_tokens = sum(counts[i][0] for i in group)
+                num_seqs = sum(counts[i][1] for i in group)
+                for i in group:
+                    old_i = old[i] if old is not None else None
+                    ref_i = ref[i] if ref is not None else None
+                    loss = self._micro_loss(
+                        packs[i], masks[i], old_i, ref_i, num_tokens, num_seqs, sums
+                    )
+                    loss.backward()
+                grad_norms.append(self._optimizer_step())
+        self.scheduler.step()
+        return self._metrics(sums, grad_norms, lr, algo.ppo_epochs * len(groups))
+
+    def _micro_loss(
+        self,
+        pack: Pack,
+        mask: torch.Tensor,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        num_tokens: int,
+        num_seqs: int,
+        sums: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """This pack's share of the mini-batch loss; adds token sums of the metrics to ``sums``."""
+        algo, device = self.algo, mask.device
+        logp, entropy = forward_logprobs(
+            self.model, pack, self.temperature, True, entropy_grad=algo.entropy_coef > 0
+        )
+        old = logp.detach() if old is None else old  # [N]
+        advantages = pack.advantages.to(device)  # [N]
+        pl = ppo_policy_loss(logp, old, advantages, algo.clip_low, algo.clip_high, algo.dual_clip)
+        pg = pl.pg  # [N]
+        rollout = pack.rollout_logprobs.to(device)  # [N]
+        has_rollout = rollout_logprob_mask(pack).to(device)  # [N]
+        if algo.tis_cap is not None:
+            weight = tis_weights(old, rollout, algo.tis_cap, has_rollout)  # [N]
+            pg = pg * weight
+            sums["tis_weight"] += weight[mask].sum()
+
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return aggregate(
+                x, mask, pack.cu_seq_lens.to(device), algo.loss_agg, num_tokens, num_seqs,
+                self.norm_len,
+            )  # fmt: skip
+
+        pg_loss = agg(pg)
+        loss = pg_loss
+        if ref is not None:
+            kl = kl_penalty(logp, ref, algo.kl_estimator)  # [N]
+            loss = loss + algo.kl_coef * agg(kl)
+            sums["kl"] += kl.detach()[mask].sum()
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * agg(entropy)
+        live = has_rollout & mask  # [N]
+        sums["pg_loss"] += pg_loss.detach()
+        sums["tokens"] += mask.sum()
+        sums["entropy"] += entropy.detach()[mask].sum()
+        sums["clip_frac"] += pl.clipped[mask].sum()
+        sums["ratio"] += pl.ratio[mask].sum()
+        sums["approx_kl_old"] += kl_penalty(logp.detach(), old, "k3")[mask].sum()
+        sums["rollout_kl"] += kl_penalty(old, rollout, "k3")[live].sum()
+        sums["rollout_tokens"] += live.sum()
+        return loss
+
+    def _optimizer_step(self) -> float:
+        """Clip, step, zero; a non-finite gradient skips the step (reported as nan norm)."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _metrics(
+        self, sums: dict[str, torch.Tensor], grad_norms: list[float], lr: float, n_steps: int
+    ) -> dict[str, float]:
+        s = {k: float(v) for k, v in sums.items()}
+        tokens = max(s["tokens"], 1.0)
+        return {
+            "actor/pg_loss": s["pg_loss"] / n_steps,
+            "actor/kl": s.get("kl", 0.0) / tokens,
+            "actor/entropy": s["entropy"] / tokens,
+            "actor/clip_frac": s["clip_frac"] / tokens,
+            "actor/ratio_mean": s["ratio"] / tokens,
+            "actor/tis_weight_mean": s.get("tis_weight", tokens) / tokens,
+            "actor/rollout_kl": s["rollout_kl"] / max(s["rollout_tokens"], 1.0),
+            "actor/approx_kl_old": s["approx_kl_old"] / tokens,
+            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+            "actor/skipped_steps": float(sum(not math.isfinite(g) for g in grad_norms)),
+            "actor/optimizer_steps": float(n_steps),
+            "actor/lr": lr,
+        }

@@ -1,0 +1,287 @@
+"""``rltool inspect-batch``: the golden JSON, hand-worked samples, the rich view, filters, errors.
+
+The golden rollouts (tests/data/golden_rollouts.jsonl) hold four groups:
+g-math (prompt+response, rewards 1 / 0.5 / 0), g-calc (agentic: session s0 in
+two segments with tool tokens masked, plus session s1), g-fail (a FAILED
+member: skipped) and g-stale (response_model_steps: at train step 5 with
+max_token_staleness 1 the tokens made at step 2 are stale).
+
+Regenerate the golden output after an intended change with
+``RLTOOL_UPDATE_GOLDEN=1 pytest tests/cli/test_inspect_batch.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rltool.cli.app import app
+from rltool.config.schema import RecipeConfig
+from rltool.rollout.io import read_groups
+from rltool.rollout.state import RolloutState
+from rltool.training.convert import ConversionConfig
+
+DATA = Path(__file__).parent.parent / "data"
+ROLLOUTS = DATA / "golden_rollouts.jsonl"
+GOLDEN = DATA / "golden_inspect.json"
+M = -100
+
+# the fixed options of the golden run
+CONVERSION_OPTIONS = [
+    "--estimator", "grpo",
+    "--pack-max-length", "16",
+    "--max-staleness", "3",
+    "--max-token-staleness", "1",
+    "--sync-interval", "1",
+]  # fmt: skip
+GOLDEN_OPTIONS = [*CONVERSION_OPTIONS, "--train-step", "5"]
+
+# GRPO, sample std (n-1), eps 1e-6, worked by hand:
+# g-math rewards 1, 0.5, 0: mean 0.5, std 0.5 -> +-0.5 / 0.500001
+A_MATH = 0.5 / (0.5 + 1e-6)  # 0.999998
+# g-calc clusters s0 (reward 1, two segments) and s1 (0); g-stale 1 and 0: std sqrt(0.5)
+A_PAIR = 0.5 / (0.5**0.5 + 1e-6)  # 0.7071058
+
+runner = CliRunner()
+
+
+def inspect(*args: str | Path):
+    return runner.invoke(app, ["inspect-batch", *map(str, args)])
+
+
+def golden_json(*extra: str) -> dict:
+    result = inspect(ROLLOUTS, *GOLDEN_OPTIONS, "--format", "json", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def out() -> dict:
+    return golden_json()
+
+
+def by_id(out: dict) -> dict[str, dict]:
+    return {s["rollout_id"]: s for s in out["samples"]}
+
+
+def test_matches_golden_file(out):
+    if os.environ.get("RLTOOL_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(json.dumps(out, indent=1) + "\n")
+    assert out == json.loads(GOLDEN.read_text())
+
+
+def test_json_keys_in_contract_order(out):
+    assert list(out) == ["samples", "packs", "skipped_groups", "data_info"]
+    assert list(out["samples"][0]) == [
+        "rollout_id", "group_id", "pack", "start", "length", "advantage",
+        "input_ids", "targets", "advantages", "rollout_logprobs",
+    ]  # fmt: skip
+    assert list(out["packs"][0]) == ["length", "cu_seq_lens", "position_ids"]
+    assert out["skipped_groups"] == [
+        {"group_id": "g-fail", "reason": out["skipped_groups"][0]["reason"]}
+    ]
+
+
+def test_prompt_response_sample_worked_by_hand(out):
+    s = by_id(out)["math-0"]
+    # input_ids [10 11 12 | 20 21 22 2], labels [-100 -100 -100 | 20 21 22 2]
+    assert s["input_ids"] == [10, 11, 12, 20, 21, 22]
+    assert s["targets"] == [M, M, 20, 21, 22, 2]
+    assert s["rollout_logprobs"] == [0.0, 0.0, -0.1, -0.2, -0.3, -0.05]
+    a = round(A_MATH, 6)
+    assert s["advantage"] == a == 0.999998
+    assert s["advantages"] == [0.0, 0.0, a, a, a, a]
+    assert s["length"] == 6
+    assert by_id(out)["math-1"]["advantage"] == 0.0
+    assert by_id(out)["math-2"]["advantages"] == [0.0, 0.0, -a, -a, -a, -a, -a]
+
+
+def test_agentic_segments_share_their_session_advantage(out):
+    samples, a = by_id(out), round(A_PAIR, 6)
+    t0 = samples["calc-s0-t0"]
+    # input_ids [30 31 | 40 41 50 51 42]; 50 51 are tool output (label -100)
+    assert t0["input_ids"] == [30, 31, 40, 41, 50, 51]
+    assert t0["targets"] == [M, 40, 41, M, M, 42]
+    assert t0["advantages"] == [0.0, a, a, 0.0, 0.0, a]
+    assert t0["rollout_logprobs"] == [0.0, -0.11, -0.12, 0.0, 0.0, -0.13]
+    t1 = samples["calc-s0-t1"]
+    assert t1["targets"] == [M] * 7 + [43, 2]
+    assert t1["advantage"] == t0["advantage"] == a
+    assert samples["calc-s1"]["advantage"] == -a
+    assert samples["calc-s1"]["targets"] == [M, 44, M, 45, 2]
+
+
+def test_stale_tokens_are_cleared(out):
+    s, a = by_id(out)["stale-0"], round(A_PAIR, 6)
+    # response 70 71 72 73 2 made at steps 2 2 3 4 4: staleness at step 5 = 2 2 1 0 0,
+    # trainable while staleness < (1 + 1) * 1, so 70 and 71 are cleared
+    assert s["input_ids"] == [60, 61, 70, 71, 72, 73]
+    assert s["targets"] == [M, M, M, 72, 73, 2]
+    assert s["advantages"] == [0.0, 0.0, 0.0, a, a, a]
+    assert s["rollout_logprobs"] == [0.0, 0.0, 0.0, -0.43, -0.44, -0.45]
+    assert by_id(out)["stale-1"]["targets"] == [M, 74, 75, 2]
+
+
+def test_every_sample_is_its_labels_shifted_once(out):
+    """Contract section 5.3 over all samples: input = ids[:-1], targets = labels[1:]
+    (stale ones cleared), advantage exactly where the target is supervised."""
+    originals = {s.rollout_id: s for g in read_groups(ROLLOUTS) for s in g}
+    packs = out["packs"]
+    assert len(out["samples"]) == 8  # g-fail's two samples are skipped
+    stale = {"stale-0": {1, 2}}  # shifted positions of the cleared tokens 70 71
+    for s in out["samples"]:
+        orig = originals[s["rollout_id"]]
+        expected = [
+            M if i in stale.get(s["rollout_id"], ()) else label
+            for i, label in enumerate(orig.labels[1:])
+        ]
+        assert s["input_ids"] == orig.input_ids[:-1]
+        assert s["targets"] == expected
+        assert len(s["advantages"]) == len(s["rollout_logprobs"]) == s["length"]
+        assert s["advantages"] == [0.0 if t == M else s["advantage"] for t in s["targets"]]
+        pack = packs[s["pack"]]
+        assert s["start"] in pack["cu_seq_lens"]
+        assert pack["position_ids"][s["start"] : s["start"] + s["length"]] == list(
+            range(s["length"])
+        )
+    assert all(p["length"] <= 16 for p in packs)
+
+
+def test_sample_and_limit_filter_samples_only(out):
+    one = golden_json("--sample", "calc-s1")
+    assert [s["rollout_id"] for s in one["samples"]] == ["calc-s1"]
+    assert one["samples"][0] == by_id(out)["calc-s1"]
+    assert (one["packs"], one["data_info"]) == (out["packs"], out["data_info"])
+    two = golden_json("--limit", "2")
+    assert two["samples"] == out["samples"][:2]
+
+
+def test_rich_view_shows_legend_packs_tokens_and_skipped_group():
+    result = inspect(ROLLOUTS, *GOLDEN_OPTIONS)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "legend:" in text and "supervised" in text and "masked" in text and "stale" in text
+    assert "pack 0: cu_seq_lens=[0, " in text and "pack 1: cu_seq_lens=" in text
+    assert "math-0" in text and "calc-s0-t1" in text and "advantage +0.999998" in text
+    assert "data_info" in text
+    assert "skipped groups" in text and "g-fail" in text
+
+
+def test_rich_view_sample_filter():
+    result = inspect(ROLLOUTS, *GOLDEN_OPTIONS, "--sample", "stale-0")
+    assert result.exit_code == 0, result.output
+    assert "stale-0" in result.stdout and "math-0" not in result.stdout
+    # targets: 61 (prompt), 70 71 (stale), 72 73 2 (supervised)
+    assert "supervised 3  masked 1  stale 2" in result.stdout
+
+
+def _write(path: Path, states: list[RolloutState]) -> Path:
+    path.write_text("".join(s.to_json() + "\n" for s in states))
+    return path
+
+
+def _long_sample(n: int) -> RolloutState:
+    prompt, response = list(range(100, 110)), list(range(200, 200 + n - 10))
+    return RolloutState(
+        rollout_id="long-0", group_id="g-long", prompt_ids=prompt, response_ids=response,
+        input_ids=prompt + response, labels=[M] * 10 + response,
+        logprobs=[0.0] * 10 + [-0.5] * len(response), reward={"score": 1.0}, status="COMPLETED",
+    )  # fmt: skip
+
+
+def test_long_sample_flows_compactly(tmp_path):
+    path = _write(tmp_path / "long.jsonl", [_long_sample(1024)])
+    result = inspect(path, "--pack-max-length", "2048")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    # every token is there (ids separated by spaces), several per line, with position marks
+    assert "1213" in text and "⟨100⟩" in text and "⟨1000⟩" in text
+    assert len(text.splitlines()) < 250
+
+
+def test_tokenizer_decodes_tokens(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {f"w{i}": i for i in range(80)}
+    Tokenizer(WordLevel(vocab, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
+    result = inspect(ROLLOUTS, "--sample", "math-0", "--tokenizer", tmp_path / "tokenizer.json")
+    assert result.exit_code == 0, result.output
+    assert "w20" in result.stdout and "w12" in result.stdout
+
+
+def test_missing_file_exits_2():
+    result = inspect("no/such/rollouts.jsonl")
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_line_exits_1_naming_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = ROLLOUTS.read_text().splitlines()
+    path.write_text(good[0] + "\n" + '{"rollout_id": "x", "group_id": 3}\n')
+    result = inspect(path)
+    assert result.exit_code == 1
+    assert f"{path}:2" in result.output.replace("\n", "")
+    assert "Traceback" not in result.output
+
+
+def test_sample_longer_than_pack_exits_1_naming_it():
+    # calc-s0-t1 has 10 tokens, 9 after the shift
+    result = inspect(ROLLOUTS, "--pack-max-length", "8")
+    assert result.exit_code == 1
+    assert "calc-s0-t1" in result.output
+    assert not isinstance(result.exception, ValueError)
+
+
+def test_unknown_sample_exits_1():
+    result = inspect(ROLLOUTS, "--sample", "fail-0")
+    assert result.exit_code == 1
+    assert "fail-0" in result.output and "g-fail" in result.output
+
+
+def test_unknown_estimator_exits_2():
+    result = inspect(ROLLOUTS, "--estimator", "nope")
+    assert result.exit_code == 2
+    assert "nope" in result.output and "Traceback" not in result.output
+
+
+def test_overrides_need_a_recipe():
+    result = inspect(ROLLOUTS, "trainer.seed=1")
+    assert result.exit_code == 2
+
+
+def test_recipe_mode_without_generation_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rltool.training.run", None)  # import fails as if absent
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("trainer:\n  steps: 1\n")
+    result = inspect(recipe)
+    assert result.exit_code == 2
+    assert "recipe mode needs rltool train's generation" in result.output
+
+
+def test_recipe_mode_converts_generated_groups(tmp_path, monkeypatch):
+    """The recipe's groups, conversion settings and step are used; options override them."""
+    calls = []
+
+    def generate_batch_from_recipe(path: str, overrides: list[str]):
+        calls.append((path, overrides))
+        cfg = ConversionConfig.from_recipe(RecipeConfig())
+        return read_groups(ROLLOUTS), None, cfg, 5
+
+    fake = types.ModuleType("rltool.training.run")
+    fake.generate_batch_from_recipe = generate_batch_from_recipe
+    monkeypatch.setitem(sys.modules, "rltool.training.run", fake)
+    recipe = tmp_path / "r.yml"
+    recipe.write_text("trainer:\n  steps: 1\n")
+    result = inspect(recipe, "trainer.seed=1", *CONVERSION_OPTIONS, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert calls == [(str(recipe), ["trainer.seed=1"])]
+    assert json.loads(result.stdout) == json.loads(GOLDEN.read_text())  # step 5 from the recipe

@@ -1,0 +1,138 @@
+"""Rollout JSONL files: streaming reads, bad lines with line numbers, groups, appends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rltool.rollout.io import (
+    LineError,
+    iter_groups,
+    iter_rollouts,
+    iter_samples,
+    read_groups,
+    write_rollouts,
+)
+from rltool.rollout.state import RolloutState, Status
+
+DATA = Path(__file__).parents[1] / "data"
+CLEAN = DATA / "validate_clean.jsonl"  # g1 = r1, r2 (lines 1-2); blank line 3; g2 = r3, r4
+WORKED = json.loads(CLEAN.read_text().splitlines()[0])
+
+
+def sample(**overrides: object) -> RolloutState:
+    return RolloutState.model_validate({**WORKED, **overrides})
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_iter_rollouts_skips_blank_lines_and_keeps_physical_line_numbers() -> None:
+    items = list(iter_rollouts(CLEAN))
+    assert [(n, s.rollout_id) for n, s in items] == [(1, "r1"), (2, "r2"), (4, "r3"), (5, "r4")]
+    assert items[3][1].status == Status.ABORTED
+
+
+def test_iter_rollouts_reports_bytes_read() -> None:
+    seen: list[int] = []
+    list(iter_rollouts(CLEAN, on_bytes=seen.append))
+    assert len(seen) == 5  # every physical line, blank included
+    assert sum(seen) == CLEAN.stat().st_size
+
+
+def test_bad_lines_yield_line_errors_and_reading_goes_on(tmp_path: Path) -> None:
+    good = json.dumps(WORKED)
+    path = write_lines(
+        tmp_path / "bad.jsonl",
+        [
+            good,
+            '{"rollout_id": "x", ',  # truncated write
+            "[1, 2]",
+            '{"rollout_id": "r7", "group_id": "g", "prompt_ids": [1, "a"]}',
+            '{"group_id": "g", "prompt_ids": [1]}',
+            json.dumps({**WORKED, "rollout_id": "r8", "label": [1]}),
+            good.replace('"r1"', '"r9"'),
+        ],
+    )
+    items = list(iter_rollouts(path))
+    assert [n for n, _ in items] == [1, 2, 3, 4, 5, 6, 7]
+    assert isinstance(items[0][1], RolloutState)
+    assert isinstance(items[6][1], RolloutState)
+    errs = [e for _, e in items[1:6]]
+    assert all(isinstance(e, LineError) for e in errs)
+    truncated, array, bad_id, no_id, extra = errs
+    assert (truncated.line_no, truncated.field) == (2, None)
+    assert truncated.message.startswith("not valid JSON: EOF while parsing")
+    assert "line 1" not in truncated.message  # pydantic's own line number would mislead
+    assert array.message == "not a RolloutState: Input should be an object"
+    assert (bad_id.field, bad_id.position, bad_id.rollout_id) == ("prompt_ids", 1, "r7")
+    assert "prompt_ids.1: Input should be a valid integer" in bad_id.message
+    assert (no_id.field, no_id.rollout_id) == ("rollout_id", None)
+    assert no_id.message == "not a RolloutState: rollout_id: Field required"
+    assert (extra.field, extra.rollout_id) == ("label", "r8")
+    assert str(extra) == f"{path}:6: not a RolloutState: label: Extra inputs are not permitted"
+
+
+def test_many_pydantic_errors_are_summarised(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", ['{"rollout_id": 1, "extra": {}, "a": 1, "b": 2}'])
+    ((_, err),) = list(iter_rollouts(path))
+    assert isinstance(err, LineError)
+    # 5 errors: a, b forbidden; rollout_id not a string; group_id, prompt_ids missing
+    assert err.field == "a"
+    assert err.message == (
+        "not a RolloutState: a: Extra inputs are not permitted; "
+        "b: Extra inputs are not permitted; rollout_id: Input should be a valid string; ... 2 more"
+    )
+
+
+def test_iter_groups_splits_consecutive_runs() -> None:
+    groups = list(iter_groups(CLEAN))
+    assert [[s.rollout_id for s in g] for g in groups] == [["r1", "r2"], ["r3", "r4"]]
+    assert read_groups(CLEAN) == groups
+
+
+def test_iter_groups_refuses_a_group_that_reappears(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({**WORKED, "rollout_id": rid, "group_id": gid})
+        for rid, gid in [("a", "g1"), ("b", "g2"), ("c", "g1")]
+    ]
+    path = write_lines(tmp_path / "mixed.jsonl", lines)
+    with pytest.raises(ValueError, match=r"mixed.jsonl:3: group_id 'g1' reappears .* line 1"):
+        read_groups(path)
+
+
+def test_read_groups_names_file_and_line_of_a_bad_line(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", [json.dumps(WORKED), "", "not json"])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: not valid JSON") as info:
+        read_groups(path)
+    assert "rltool validate-rollouts" in str(info.value)
+
+
+def test_iter_samples_is_lazy(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", [json.dumps(WORKED), "not json"])
+    it = iter_samples(path)
+    assert next(it)[1].rollout_id == "r1"  # the bad line is not read yet
+    with pytest.raises(ValueError, match=":2: "):
+        next(it)
+
+
+def test_write_rollouts_appends_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "rollouts" / "step_000001.jsonl"  # parents created
+    first = [sample(), sample(rollout_id="r2")]
+    second = [sample(rollout_id="r3", group_id="g2", session_id="s1", status=Status.FAILED)]
+    assert write_rollouts(path, first) == 2
+    assert write_rollouts(path, iter(second)) == 1
+    assert path.read_text().count("\n") == 3
+    assert read_groups(path) == [first, second]
+    assert '"session_id"' not in path.read_text().splitlines()[0]  # absent fields left out
+
+
+def test_write_rollouts_of_nothing_creates_an_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    assert write_rollouts(path, []) == 0
+    assert path.read_text() == ""
+    assert read_groups(path) == []

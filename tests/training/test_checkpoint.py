@@ -1,0 +1,114 @@
+"""Atomic checkpoints and the resumable prompt order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rltool.training import checkpoint as ckpt_mod
+from rltool.training.checkpoint import (
+    TrainerState,
+    capture_rng,
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng,
+    save_checkpoint,
+)
+from rltool.training.sampler import PromptSampler
+
+
+class _Tok:
+    """Stands in for a tokenizer: save_pretrained writes one file."""
+
+    def save_pretrained(self, path):
+        (path / "tokenizer.json").write_text("{}")
+
+
+def _model() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def _state(step: int) -> TrainerState:
+    return TrainerState(step, {"opt": step}, {"sched": step}, {"epoch": 0}, capture_rng(), {})
+
+
+def test_save_then_load_roundtrip(tmp_path):
+    model = _model()
+    path = save_checkpoint(tmp_path, model, _Tok(), _state(3))
+    assert path.name == "step_000003"
+    assert (path / "model.safetensors").is_file()
+    state = load_trainer_state(path)
+    assert state.step == 3 and state.optimizer == {"opt": 3}
+
+
+def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    model = _model()
+    save_checkpoint(root, model, _Tok(), _state(1))
+
+    real_save = torch.save
+
+    def crash(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        raise KeyboardInterrupt("killed during save")
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, model, _Tok(), _state(2))
+    monkeypatch.undo()
+
+    latest = latest_checkpoint(run_dir)
+    assert latest.name == "step_000001"
+    assert load_trainer_state(latest).step == 1
+    assert not (root / "step_000002").exists()
+    # the next save cleans the half-written directory and moves latest on
+    save_checkpoint(root, model, _Tok(), _state(2))
+    assert latest_checkpoint(run_dir).name == "step_000002"
+    assert not (root / ".tmp-step_000002").exists()
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    model = _model()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, model, _Tok(), _state(step), keep_last=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000002", "step_000003"]
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
+        latest_checkpoint(tmp_path)
+
+
+def test_rng_roundtrip():
+    state = capture_rng()
+    a = torch.rand(3)
+    restore_rng(state)
+    assert torch.equal(torch.rand(3), a)
+
+
+def test_sampler_resumes_at_the_same_position():
+    full = PromptSampler(10, seed=7)
+    expected = [full.take(4) for _ in range(5)]  # crosses two epoch boundaries
+
+    first = PromptSampler(10, seed=7)
+    got = [first.take(4) for _ in range(2)]
+    resumed = PromptSampler(10, seed=7)
+    resumed.load_state_dict(first.state_dict())
+    got += [resumed.take(4) for _ in range(3)]
+    assert got == expected
+    flat = [i for chunk in expected for i in chunk]
+    assert sorted(flat[:10]) == list(range(10))  # an epoch visits every example once
+    assert flat[:10] != flat[10:20]  # and the next epoch is reshuffled
+
+
+def test_sampler_refuses_other_data_size():
+    s = PromptSampler(10, seed=0)
+    with pytest.raises(ValueError, match="same data files"):
+        PromptSampler(11, seed=0).load_state_dict(s.state_dict())
