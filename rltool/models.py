@@ -11,7 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from rltool.config.schema import ModelConfig
 
@@ -27,9 +32,13 @@ def resolve_device(device: str) -> torch.device:
     try:
         resolved = torch.device(device)
     except RuntimeError as e:
-        raise ValueError(f"model.device: {device!r} is not a device (use auto, cpu, cuda or cuda:N)") from e
+        raise ValueError(
+            f"model.device: {device!r} is not a device (use auto, cpu, cuda or cuda:N)"
+        ) from e
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device is {device!r} but CUDA is not available; use 'auto' or 'cpu'")
+        raise ValueError(
+            f"model.device is {device!r} but CUDA is not available; use 'auto' or 'cpu'"
+        )
     return resolved
 
 
@@ -40,7 +49,9 @@ def resolve_model_path(path: str) -> Path:
         if name not in BUILTIN_MODELS:
             known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
             raise ValueError(f"model.path: unknown builtin model {path!r}; known: {known}")
-        from rltool.demo.model import ensure_demo_checkpoint  # heavy: only when the demo is asked for
+        from rltool.demo.model import (
+            ensure_demo_checkpoint,  # heavy: only when the demo is asked for
+        )
 
         return ensure_demo_checkpoint()
     local = Path(path).expanduser()
@@ -50,7 +61,9 @@ def resolve_model_path(path: str) -> Path:
             f"directory (config.json, weights, tokenizer files) or builtin:tiny-gsm8k"
         )
     if not (local / "config.json").is_file():
-        raise ValueError(f"model.path: {local} has no config.json; is it a Hugging Face checkpoint?")
+        raise ValueError(
+            f"model.path: {local} has no config.json; is it a Hugging Face checkpoint?"
+        )
     return local
 
 
@@ -84,7 +97,8 @@ def resolve_builtin_data(path: str) -> Path:
     resolved = (DATA_DIR / rel).resolve()
     if not resolved.is_relative_to(DATA_DIR.resolve()) or not resolved.is_file():
         known = ", ".join(
-            BUILTIN_PREFIX + p.relative_to(DATA_DIR).as_posix() for p in sorted(DATA_DIR.rglob("*.jsonl"))
+            BUILTIN_PREFIX + p.relative_to(DATA_DIR).as_posix()
+            for p in sorted(DATA_DIR.rglob("*.jsonl"))
         )
         raise ValueError(f"unknown builtin data file {path!r}; known: {known}")
     return resolved

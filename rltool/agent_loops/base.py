@@ -122,6 +122,10 @@ class AgentLoop(ABC):
     def generate_group(self, task: Any, n: int, group_id: str, **kwargs: Any) -> list[RolloutState]:
         """Sample ``n`` canonical RolloutStates for one task (one prompt group)."""
 
+    def pop_metrics(self) -> dict[str, float]:
+        """Counters the loop kept since the last call (e.g. reward/errors), then reset."""
+        return {}
+
     def tokenize_text(self, text: str) -> list[int]:
         raise ValueError(f"agent loop {self.name!r} has no tokenizer for response_text")
 

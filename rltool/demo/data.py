@@ -84,7 +84,7 @@ def sample_problem(rng: random.Random) -> Problem:
 def generate_split(
     seed: int = 0, n_train: int = N_TRAIN, n_test: int = N_TEST
 ) -> tuple[list[Problem], list[Problem]]:
-    """``n_train`` + ``n_test`` problems with pairwise distinct questions, deterministic in ``seed``."""
+    """``n_train`` + ``n_test`` problems, all questions distinct, deterministic in ``seed``."""
     rng = random.Random(seed)
     seen: set[str] = set()
     problems: list[Problem] = []
@@ -119,7 +119,9 @@ def read_jsonl(path: Path) -> list[Problem]:
         for lineno, line in enumerate(f, 1):
             row = json.loads(line)
             if not isinstance(row, dict) or not {"question", "answer"} <= row.keys():
-                raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
+                raise ValueError(
+                    f"{path}:{lineno}: expected an object with 'question' and 'answer'"
+                )
             problems.append(Problem(row["question"], row["answer"]))
     return problems
 

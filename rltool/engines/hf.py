@@ -76,9 +76,7 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     return ids, mask
 
 
-def _generation_config(
-    sampling: SamplingConfig, eos: list[int], pad_id: int
-) -> GenerationConfig:
+def _generation_config(sampling: SamplingConfig, eos: list[int], pad_id: int) -> GenerationConfig:
     # Every sampling knob is set explicitly: values left unset would be filled
     # from the checkpoint's generation_config.json (repetition penalty, top_k, ...).
     greedy = sampling.temperature == 0
@@ -110,7 +108,9 @@ def _generation_config(
 
 def _check_sampling(sampling: SamplingConfig) -> None:
     if sampling.temperature < 0:
-        raise ValueError(f"sampling.temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
+        raise ValueError(
+            f"sampling.temperature must be >= 0 (0 = greedy), got {sampling.temperature}"
+        )
     if not 0 < sampling.top_p <= 1:
         raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
     if sampling.top_k < 0:
@@ -173,7 +173,9 @@ class HFEngine(RolloutEngine):
         device = self.model.device
         ids, mask = _left_pad(prompts, self.pad_id)  # [B, P]
         stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
-        recorder = _FinishRecorder(ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(prompts))
+        recorder = _FinishRecorder(
+            ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(prompts)
+        )
         res = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),

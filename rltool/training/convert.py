@@ -33,7 +33,7 @@ import logging
 import math
 import struct
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,27 +127,26 @@ def _require_rewards(group: Sequence[RolloutState], cfg: ConversionConfig) -> No
 # ---------------------------------------------------------------- concatenated fields
 
 
-def _concat(lists: Sequence[Sequence[Any] | None], code: str, dtype: type) -> np.ndarray:
-    """Python lists -> one array; a None entry's slot stays zero (``sizes`` gives its length).
+def _concat(
+    samples: Sequence[RolloutState], name: str, sizes: Sequence[int], code: str, dtype: type
+) -> np.ndarray:
+    """One per-position field of every sample concatenated; a sample without it stays 0.
 
     struct packs Python numbers straight into the array's buffer, faster than
     np.fromiter or np.array read them.
     """
-    sizes = [len(x) for x in lists]
     out = np.zeros(sum(sizes), dtype=dtype)
     offset = 0
-    for x, n in zip(lists, sizes, strict=True):
-        struct.pack_into(f"{n}{code}", out, offset * out.itemsize, *x)
+    for s, n in zip(samples, sizes, strict=True):
+        values = getattr(s, name)
+        if values is not None:
+            try:
+                struct.pack_into(f"{n}{code}", out, offset * out.itemsize, *values)
+            except struct.error as exc:
+                msg = f"sample {s.rollout_id}: {name} does not fit {np.dtype(dtype)}: {exc}"
+                raise ValueError(msg) from exc
         offset += n
     return out
-
-
-def _concat_ints(lists: Sequence[Sequence[int]]) -> np.ndarray:
-    """Token ids and labels as int32 (a quarter faster to read), int64 if any is out of range."""
-    try:
-        return _concat(lists, "i", np.int32)
-    except struct.error:
-        return _concat(lists, "q", np.int64)
 
 
 @dataclass(slots=True)
@@ -157,8 +156,8 @@ class _Flat:
     T_S: np.ndarray  # [S] int64
     P_S: np.ndarray  # [S] int64, len(prompt_ids)
     start_S: np.ndarray  # [S] int64
-    input_ids_F: np.ndarray  # [F] int32 (int64 for ids beyond int32)
-    labels_F: np.ndarray  # [F] like input_ids_F; patched after the staleness bake
+    input_ids_F: np.ndarray  # [F] int64
+    labels_F: np.ndarray  # [F] int64, patched after the staleness bake
     logprobs_F: np.ndarray  # [F] float64, zeros for a sample without logprobs
     steps_start_S: np.ndarray  # [S] int64, offset in steps; -1 without response_model_steps
     steps: np.ndarray  # [sum of R over samples with steps] int64, response_model_steps
@@ -182,23 +181,23 @@ class _Flat:
 
 def _flatten(samples: Sequence[RolloutState]) -> _Flat:
     """Concatenate samples whose lengths were checked (``_shape_ok``)."""
-    T_S = np.array([len(s.input_ids) for s in samples], dtype=np.int64)  # [S]
+    T = [len(s.input_ids) for s in samples]
+    T_S = np.array(T, dtype=np.int64)  # [S]
     P_S = np.array([len(s.prompt_ids) for s in samples], dtype=np.int64)  # [S]
-    with_steps = [s.response_model_steps is not None for s in samples]
-    R_W = (T_S - P_S)[with_steps]  # [W] response lengths of the samples with steps
+    has_steps = [s.response_model_steps is not None for s in samples]
+    with_steps = [s for s, has in zip(samples, has_steps, strict=True) if has]
+    R_W = (T_S - P_S)[has_steps]  # [W] response lengths of the samples with steps
     steps_start_S = np.full(len(samples), -1, dtype=np.int64)
-    steps_start_S[with_steps] = np.cumsum(R_W) - R_W
-    lps = (s.logprobs if s.logprobs is not None else bytes(8 * len(s.input_ids)) for s in samples)
-    steps = (s.response_model_steps for s in samples if s.response_model_steps is not None)
+    steps_start_S[has_steps] = np.cumsum(R_W) - R_W
     flat = _Flat(
         T_S=T_S,
         P_S=P_S,
         start_S=np.cumsum(T_S) - T_S,
-        input_ids_F=_concat_ints([s.input_ids for s in samples]),  # [F]
-        labels_F=_concat_ints([s.labels for s in samples]),  # [F]
-        logprobs_F=_concat(lps, "d", np.float64),  # [F]
+        input_ids_F=_concat(samples, "input_ids", T, "q", np.int64),  # [F]
+        labels_F=_concat(samples, "labels", T, "q", np.int64),  # [F]
+        logprobs_F=_concat(samples, "logprobs", T, "d", np.float64),  # [F]
         steps_start_S=steps_start_S,
-        steps=_concat(steps, "q", np.int64),  # [sum R_W]
+        steps=_concat(with_steps, "response_model_steps", R_W.tolist(), "q", np.int64),
         supervised_csum=np.zeros(int(T_S.sum()) + 1, dtype=np.int64),
     )
     flat.count_supervised()
@@ -503,8 +502,8 @@ def _packs(
         L_packed = flat.T_S[lay.order_S] - 1  # [S]
         tgt_extra = lay.position_ids_N + np.repeat(starts[lay.order_S], L_packed) + 1  # [N]
     per_position: dict[str, torch.Tensor | None] = {
-        "input_ids": torch.from_numpy(flat.input_ids_F[src].astype(np.int64)),  # [N]
-        "targets": torch.from_numpy(targets_N.astype(np.int64)),  # [N]
+        "input_ids": torch.from_numpy(flat.input_ids_F[src]),  # [N]
+        "targets": torch.from_numpy(targets_N),  # [N]
         "advantages": torch.from_numpy(adv_N),  # [N]
         "rollout_logprobs": torch.from_numpy(flat.logprobs_F[1:][src].astype(np.float32)),
         "position_ids": torch.from_numpy(lay.position_ids_N),  # [N]

@@ -26,7 +26,7 @@ from rltool.config.loader import load_recipe, recipe_to_yaml
 from rltool.config.schema import RecipeConfig
 from rltool.data import load_examples
 from rltool.engines.hf import HFEngine
-from rltool.models import load_model_and_tokenizer, resolve_data_files
+from rltool.models import load_model_and_tokenizer, resolve_builtin_data, resolve_model_path
 from rltool.rollout.io import write_rollouts
 from rltool.rollout.state import RolloutState
 from rltool.training.checkpoint import (
@@ -78,8 +78,8 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     model, tokenizer, device = load_model_and_tokenizer(recipe.model)
     engine = HFEngine(model, tokenizer, batch_size=recipe.rollout.batch_size)
     loop = build_loop(recipe, engine, tokenizer)
-    train_tasks = load_examples(resolve_data_files(recipe.data.train_files))
-    eval_tasks = load_examples(resolve_data_files(recipe.data.eval_files))
+    train_tasks = load_examples([resolve_builtin_data(f) for f in recipe.data.train_files])
+    eval_tasks = load_examples([resolve_builtin_data(f) for f in recipe.data.eval_files])
     if recipe.data.eval_limit:
         eval_tasks = eval_tasks[: recipe.data.eval_limit]
     sampler = PromptSampler(len(train_tasks), recipe.trainer.seed, recipe.data.shuffle)
@@ -99,6 +99,7 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
             grad_clip=recipe.optimizer.grad_clip,
             ref_model=ref_model,
             temperature=recipe.rollout.sampling.temperature or 1.0,
+            norm_len=recipe.rollout.sampling.max_new_tokens,  # Dr.GRPO's constant length
         )
     controller = TrainingController(updater, ConversionConfig.from_recipe(recipe))
     return Run(recipe, model, tokenizer, engine, loop, train_tasks, eval_tasks, sampler, controller)
@@ -108,9 +109,7 @@ def _optimizer_init(recipe: RecipeConfig) -> Path | None:
     """Warm-start optimizer moments shipped beside the weights, when asked for."""
     if not recipe.optimizer.init_from_checkpoint:
         return None
-    from rltool.models import resolve_model_path
-
-    return resolve_model_path(recipe.model)
+    return resolve_model_path(recipe.model.path)
 
 
 def generate_step(run: Run) -> list[list[RolloutState]]:
@@ -126,13 +125,14 @@ def evaluate(run: Run) -> dict[str, float]:
     return run.loop.evaluate(run.eval_tasks, run.recipe.rollout.eval_sampling)
 
 
-def rollout_metrics(groups: list[list[RolloutState]]) -> dict[str, float]:
+def rollout_metrics(run: Run, groups: list[list[RolloutState]]) -> dict[str, float]:
     """Reward and status figures over every generated sample, before filtering."""
     samples = [s for g in groups for s in g]
     scores = [s.score for s in samples if s.score is not None]
     failed = sum(s.status == "FAILED" for s in samples)
     truncated = sum(s.finish_reason == "length" for s in samples)
     return {
+        **run.loop.pop_metrics(),
         "rollout/reward_mean": float(np.mean(scores)) if scores else math.nan,
         "rollout/samples": float(len(samples)),
         "rollout/failed": float(failed),

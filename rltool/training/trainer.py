@@ -96,7 +96,7 @@ def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump:
             result = run.controller.fit(groups, train_step=run.step)
             run.step += 1
             run.engine.sync_weights(run.step)
-            metrics = {**rollout_metrics(groups), **result.metrics, "time/generate": t_gen}
+            metrics = {**rollout_metrics(run, groups), **result.metrics, "time/generate": t_gen}
             metrics["time/step"] = time.perf_counter() - t_step
             run.history.append(metrics)
             writer.write(run.step, metrics, kind="train")

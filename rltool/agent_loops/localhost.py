@@ -1,0 +1,399 @@
+"""The localhost loop: the user's agent runs in-process against the session server.
+
+The agent is a Python callable named by import path in the recipe, called as
+``agent(client, task)`` with an ``openai.OpenAI`` client bound to its own
+session's base URL; it runs its tools itself and returns its output (the final
+text, a transcript, anything its judger understands). The judger, also named by
+import path, scores it: ``judger(task, output) -> float`` (or a mapping with a
+``score``)::
+
+    agent_loop:
+      name: localhost
+      options:
+        agent: rltool.agents.calculator:run
+        judger: rltool.agents.calculator:judge
+
+One step runs all ``prompts x n`` agents at once on a thread pool: their chat
+requests meet in the session server's batcher, which merges each wave of turns
+into one ``engine.generate`` call, so the engine sees big batches, not one
+sequence at a time. After an agent returns, its session is exported
+(``rltool.sessions.export``: one canonical RolloutState per segment, all sharing
+the session id) with the judged reward, and checked (``check_train_fields``).
+
+Failures stay inside their session: an agent that raises, a judger that raises,
+an engine failure or an agent that never called the model marks every segment
+of that session FAILED with the reason (counted in ``agent/errors`` or
+``reward/errors``); the other sessions and the run go on.
+
+Chat template: the session server renders requests with the tokenizer's chat
+template, tools included. A template that ignores ``tools`` (the demo
+tokenizer's plain ChatML) is replaced, for the session server only, by
+``rltool.sessions.TOOL_CHAT_TEMPLATE``, the same ChatML plus Hermes tool calls:
+prompts without tools render identically, so the model sees the format it was
+trained on (``session_tokenizer``).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import logging
+import math
+import re
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jinja2 import TemplateError
+
+from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.config.schema import SamplingConfig
+from rltool.engines.base import RolloutEngine
+from rltool.rollout.state import RolloutState, Status
+from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export
+
+log = logging.getLogger(__name__)
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "rltool_probe_tool", "description": "", "parameters": {}},
+}
+_UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+MAX_TEXT_IN_EXTRA = 2000  # characters of agent output kept in a sample's extra
+
+
+# --- helpers shared with the sandbox loop -------------------------------------------------
+
+
+def load_callable(path: str, option: str) -> Callable[..., Any]:
+    """``"package.module:function"`` -> the function; ValueError naming the recipe option."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"agent_loop.options.{option}: {path!r} must be 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"agent_loop.options.{option}: cannot import {module_name!r} ({exc})"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"agent_loop.options.{option}: {module_name} has no callable {attr!r}")
+    return fn
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template shows the ``tools`` it is given."""
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "ping"}],
+            tools=[_PROBE_TOOL],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    except (TemplateError, TypeError, ValueError, KeyError):  # cannot render tools at all
+        return False
+    return "rltool_probe_tool" in text
+
+
+def session_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer the session server renders with: ``tokenizer`` when its template
+    renders tools, else a copy carrying ``TOOL_CHAT_TEMPLATE`` (ChatML templates only)."""
+    if renders_tools(tokenizer):
+        return tokenizer
+    if "<|im_start|>" not in (tokenizer.chat_template or ""):
+        raise ValueError(
+            "the tokenizer's chat template renders no tools and is not ChatML, so rltool "
+            "cannot substitute its tool template; give the checkpoint a chat template that "
+            "renders `tools` and `tool_calls`"
+        )
+    tool_tok = copy.copy(tokenizer)  # shares the vocabulary; only the template differs
+    tool_tok.chat_template = TOOL_CHAT_TEMPLATE
+    log.info("session server: the chat template renders no tools; using TOOL_CHAT_TEMPLATE")
+    return tool_tok
+
+
+def session_ids(group_ids: Sequence[str], n: int) -> list[str]:
+    """``{group_id}.{i}`` per sample, task-major, made safe for a session id."""
+    ids = [f"{_UNSAFE_ID_CHARS.sub('_', gid)[:100]}.{i}" for gid in group_ids for i in range(n)]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"group ids must be unique (after sanitising), got {list(group_ids)}")
+    return ids
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)`` of an exception, one line."""
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        f = frames[-1]
+        where = f" (at {Path(f.filename).name}:{f.lineno} in {f.name})"
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def session_states(
+    loop: AgentLoop,
+    session: Session,
+    group_id: str,
+    task_name: str,
+    reward: Mapping[str, Any] | None,
+    error: str | None,
+    extra: Mapping[str, Any] | None = None,
+) -> list[RolloutState]:
+    """The canonical, checked states of one finished session.
+
+    ``reward`` None means the session has no valid reward: every segment is FAILED
+    with ``error``. A session with no recorded turn becomes one FAILED sample
+    without train fields (the contract's record of a sample that could not be built).
+    """
+    sid = session.session_id
+    if not session.segments:
+        why = error or "the agent made no model call; nothing to train on"
+        return [
+            RolloutState(
+                rollout_id=f"{sid}/seg0",
+                group_id=group_id,
+                session_id=sid,
+                task_name=task_name,
+                agent_loop=loop.name,
+                prompt_ids=[],
+                reward=None if reward is None else dict(reward),
+                extra=dict(extra or {}),
+            ).fail(why)
+        ]
+    states = export(session, group_id, task_name, reward if reward is not None else 0.0)
+    out = []
+    for state in states:
+        state.agent_loop = loop.name
+        state.extra = {**(state.extra or {}), **(extra or {})}
+        if reward is None:
+            state.reward = None  # a placeholder score must not reach reward means
+            state.fail(error or session.error or "the session has no reward")
+        out.append(loop.check_train_fields(state))
+    return out
+
+
+def reward_mapping(value: Any) -> dict[str, Any]:
+    """A judger's return value as a reward mapping with a finite float ``score``."""
+    reward = dict(value) if isinstance(value, Mapping) else {"score": value}
+    score = reward.get("score")
+    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+        raise ValueError(
+            f"the judger must return a finite number or {{'score': number}}, got {value!r}"
+        )
+    reward["score"] = float(score)
+    return reward
+
+
+class LoopCounters:
+    """Thread-safe counters a loop reports through ``pop_metrics``, reset on each pop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, float] = {}
+
+    def add(self, **counts: float) -> None:
+        with self._lock:
+            for key, value in counts.items():
+                self._counts[key] = self._counts.get(key, 0.0) + value
+
+    def pop(self) -> dict[str, float]:
+        with self._lock:
+            counts, self._counts = self._counts, {}
+        return counts
+
+
+def session_metrics(counts: Mapping[str, float]) -> dict[str, float]:
+    """Slash-namespaced figures from the raw counts of ``LoopCounters``."""
+    sessions = max(counts.get("sessions", 0.0), 1.0)
+    calls = max(counts.get("generate_calls", 0.0), 1.0)
+    return {
+        "agent/errors": counts.get("agent_errors", 0.0),
+        "reward/errors": counts.get("reward_errors", 0.0),
+        "agent/sessions": counts.get("sessions", 0.0),
+        "agent/segments_per_session": counts.get("segments", 0.0) / sessions,
+        "agent/turns_per_session": counts.get("turns", 0.0) / sessions,
+        "agent/tool_turns_per_session": counts.get("tool_turns", 0.0) / sessions,
+        "agent/generate_calls": counts.get("generate_calls", 0.0),
+        "agent/turns_per_generate_call": counts.get("turns", 0.0) / calls,
+    }
+
+
+def count_session(counters: LoopCounters, session: Session) -> None:
+    counters.add(
+        sessions=1,
+        segments=len(session.segments),
+        turns=session.num_turns,
+        tool_turns=sum(s.tool_turns for s in session.segments),
+    )
+
+
+def regroup(flat: Sequence[list[RolloutState]], n: int) -> list[list[RolloutState]]:
+    """Task-major per-session state lists -> one list of states per task."""
+    return [[s for sess in flat[g * n : (g + 1) * n] for s in sess] for g in range(len(flat) // n)]
+
+
+def check_group_args(tasks: Sequence[Any], n: int, group_ids: Sequence[str]) -> None:
+    if len(tasks) != len(group_ids):
+        raise ValueError(f"{len(tasks)} tasks but {len(group_ids)} group ids")
+    if n < 1:
+        raise ValueError(f"group size must be >= 1, got {n}")
+
+
+def eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, float]:
+    """eval/accuracy: mean session score, a FAILED session counting 0 (one session per task)."""
+    scores = np.array(  # [N] one per task
+        [
+            0.0 if any(s.status != Status.COMPLETED for s in g) else float(g[0].score or 0.0)
+            for g in groups
+        ]
+    )
+    failed = sum(any(s.status != Status.COMPLETED for s in g) for g in groups)
+    return {
+        "eval/accuracy": float(scores.mean()),
+        "eval/failed": float(failed),
+        "eval/n": float(len(groups)),
+    }
+
+
+# --- the loop -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    task: dict[str, Any]
+    group_id: str
+    session_id: str
+
+
+@register_agent_loop("localhost")
+class LocalhostLoop(AgentLoop):
+    """In-process agents, one session each, all of a step at once on a thread pool."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        sampling: SamplingConfig,
+        agent: str,
+        judger: str,
+        task_name: str = "localhost",
+        max_concurrent: int = 256,
+        request_timeout_s: float = 600.0,
+        honor_sampling: bool = False,
+    ):
+        try:
+            import openai
+        except ImportError as exc:
+            raise ValueError(
+                "the localhost loop hands agents an openai.OpenAI client: `pip install openai`"
+            ) from exc
+        if max_concurrent < 1:
+            raise ValueError(
+                f"agent_loop.options.max_concurrent must be >= 1, got {max_concurrent}"
+            )
+        self._openai = openai
+        # one HTTP client for every session: building one per OpenAI client costs an
+        # SSL context each (~0.4 s of CPU), more than a whole turn of the tiny model
+        self._http = openai.DefaultHttpxClient(timeout=request_timeout_s)
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.agent = load_callable(agent, "agent")
+        self.judger = load_callable(judger, "judger")
+        self.task_name = task_name
+        self.max_concurrent = max_concurrent
+        self.request_timeout_s = request_timeout_s
+        self.honor_sampling = honor_sampling
+        self.server_tokenizer = session_tokenizer(tokenizer)
+        self.counters = LoopCounters()
+
+    def generate_group(
+        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
+    ) -> list[RolloutState]:
+        return self.generate_groups([task], n, [group_id], **kwargs)[0]
+
+    def generate_groups(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        n: int,
+        group_ids: Sequence[str],
+        sampling: SamplingConfig | None = None,
+    ) -> list[list[RolloutState]]:
+        """``n`` agent sessions per task, run concurrently; their segments grouped per task."""
+        check_group_args(tasks, n, group_ids)
+        sids = session_ids(group_ids, n)
+        jobs = [
+            _Job(task, gid, sids[g * n + i])
+            for g, (task, gid) in enumerate(zip(tasks, group_ids, strict=True))
+            for i in range(n)
+        ]
+        with self._server(sampling or self.sampling) as server:
+            workers = min(self.max_concurrent, len(jobs))
+            with ThreadPoolExecutor(workers, thread_name_prefix="rltool-agent") as pool:
+                flat = list(pool.map(lambda job: self._run_session(server, job), jobs))
+            self.counters.add(generate_calls=server.batcher.calls)
+        return regroup(flat, n)
+
+    @contextmanager
+    def _server(self, sampling: SamplingConfig) -> Iterator[SessionServer]:
+        # One server per call: nothing outlives the step, and the sampling is the call's.
+        server = SessionServer(
+            self.engine, self.server_tokenizer, sampling, honor_sampling=self.honor_sampling
+        )
+        with server:
+            yield server
+
+    def _run_session(self, server: SessionServer, job: _Job) -> list[RolloutState]:
+        server.open_session(job.session_id)
+        client = self._openai.OpenAI(
+            base_url=server.base_url(job.session_id),
+            api_key="rltool",
+            max_retries=0,
+            timeout=self.request_timeout_s,
+            http_client=self._http,  # shared: not closed per session
+        )
+        output, error = None, None
+        try:
+            output = self.agent(client, job.task)
+        except Exception as exc:  # the agent's failure is recorded on its samples, counted
+            error = f"agent raised {error_text(exc)}"
+            self.counters.add(agent_errors=1)
+            log.warning("session %s: %s", job.session_id, error)
+        session = server.close_session(job.session_id)
+        count_session(self.counters, session)
+        reward = None
+        if error is None and session.error is None and session.segments:
+            reward, error = self._judge(job, output)
+        extra = {"agent_output": output[:MAX_TEXT_IN_EXTRA]} if isinstance(output, str) else {}
+        return session_states(self, session, job.group_id, self.task_name, reward, error, extra)
+
+    def _judge(self, job: _Job, output: Any) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            return reward_mapping(self.judger(job.task, output)), None
+        except Exception as exc:  # a reward that cannot be computed fails the sample, counted
+            self.counters.add(reward_errors=1)
+            return None, f"judger raised {error_text(exc)}"
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Since the last call: agent/reward errors, sessions, turns and batching figures."""
+        return session_metrics(self.counters.pop())
+
+    def evaluate(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        """One session per task under ``sampling``: eval/accuracy is the mean judged score
+        (the fraction solved for a 0/1 judger), a failed session counting 0."""
+        if not tasks:
+            raise ValueError("evaluate() needs at least one task")
+        training_counts = self.counters.pop()  # evaluation sessions are not training figures
+        groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
+        self.counters.pop()
+        self.counters.add(**training_counts)
+        return eval_metrics(groups)

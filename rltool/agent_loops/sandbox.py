@@ -1,0 +1,410 @@
+"""The sandbox loop: an agent command runs in a bubblewrap sandbox, a check command judges it.
+
+Per sample: a session is opened on the session server, which listens on a Unix
+socket (bound into the sandbox at ``/run/rltool/session.sock``; the sandbox has
+no network). The agent command runs in a sandbox whose private ``/work`` is
+seeded with the task's files plus ``.rltool/task.json`` (``prompt``,
+``solution_file``, ``max_turns``); env ``RLTOOL_SESSION_SOCKET``,
+``RLTOOL_BASE_URL`` (``http://localhost/s/<session>/v1``) and
+``RLTOOL_TASK_FILE`` tell it where things are. Then the task's check command
+runs over the same work dir with the task's hidden ``check_files`` bound
+read-only at ``/check``. Reward: 1.0 when the check exits 0, else 0.0, with the
+check's status, exit code and output in the reward mapping.
+
+Task records (JSONL, ``question``/``answer`` as ``rltool.data`` requires)::
+
+    {"question": "Write add(a, b) in solution.py ...",   # the prompt
+     "answer": "def add(a, b): ...",                      # a reference solution (not shown)
+     "solution_file": "solution.py",
+     "files": {"solution.py": "# ...\\n"},                 # seeded into /work
+     "check": ["{python}", "/check/check_add.py"],          # run in /work after the agent
+     "check_files": {"check_add.py": "..."}}               # bound read-only at /check
+
+``{python}`` in the agent and check commands is the sandbox's interpreter
+(``options.python``: ``system`` = /usr/bin/python3, ``host`` = this Python with
+its prefix bound read-only, ``auto`` = system when present). Both are plain
+Pythons: whatever runs inside uses the standard library only.
+
+Failures: an agent sandbox that times out, crashes, hits a limit or exits
+non-zero, a sandbox that cannot be set up, an engine failure or an agent that
+never called the model marks every segment of that session FAILED with the
+reason; the run goes on. A check that fails in any way the solution can cause
+(non-zero exit, timeout, limit) is a wrong solution: reward 0.0, COMPLETED.
+Sandboxes run through one ``SandboxPool`` per call, at most
+``options.max_concurrent`` at once; closing it kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.agent_loops.localhost import (
+    LoopCounters,
+    check_group_args,
+    count_session,
+    error_text,
+    eval_metrics,
+    regroup,
+    session_ids,
+    session_metrics,
+    session_states,
+    session_tokenizer,
+)
+from rltool.config.schema import SamplingConfig
+from rltool.engines.base import RolloutEngine
+from rltool.rollout.state import RolloutState
+from rltool.sandbox import (
+    CheckedRun,
+    SandboxError,
+    SandboxLimits,
+    SandboxPool,
+    SandboxResult,
+    SandboxSpec,
+    SandboxStatus,
+    default_env,
+)
+from rltool.sessions import SessionServer
+
+AGENT_DIR = "/agent"  # where the agent script is bound read-only
+CHECK_DIR = "/check"  # where a task's check_files are bound read-only
+TASK_FILE = ".rltool/task.json"  # relative to /work
+SYSTEM_PYTHON = "/usr/bin/python3"
+OUTPUT_TAIL_CHARS = 2000  # of each sandbox output kept in a sample
+DEFAULT_AGENT_LIMITS = {"wall_clock_s": 300.0, "cpu_seconds": 120}
+DEFAULT_CHECK_LIMITS = {"wall_clock_s": 30.0, "cpu_seconds": 10}
+
+
+@dataclass(frozen=True, slots=True)
+class CodingTask:
+    """A task record's sandbox fields, checked."""
+
+    prompt: str
+    solution_file: str
+    files: dict[str, str]
+    check: list[str]
+    check_files: dict[str, str]
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], where: str) -> CodingTask:
+        def need(key: str, ok: bool, what: str) -> None:
+            if not ok:
+                raise ValueError(f"{where}: field {key!r} must be {what}, got {record.get(key)!r}")
+
+        files = record.get("files", {})
+        check_files = record.get("check_files", {})
+        check = record.get("check")
+        need("question", isinstance(record.get("question"), str), "a string")
+        need("solution_file", isinstance(record.get("solution_file"), str), "a relative path")
+        for key, value in (("files", files), ("check_files", check_files)):
+            need(key, _str_dict(value), "an object of file name -> text")
+        need("check", _argv(check), "a non-empty list of strings (argv)")
+        return cls(record["question"], record["solution_file"], files, check, check_files)
+
+
+def _str_dict(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _argv(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(a, str) for a in value)
+
+
+def resolve_script(script: str) -> Path:
+    """A host file path, or a module import path resolved to its file (not imported)."""
+    path = Path(script).expanduser()
+    if path.is_file():
+        return path.resolve()
+    try:
+        spec = importlib.util.find_spec(script)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise ValueError(
+            f"agent_loop.options.agent_script: {script!r} is neither a file nor a module"
+        )
+    return Path(spec.origin)
+
+
+def sandbox_python(choice: str) -> tuple[str, list[tuple[Path, str]]]:
+    """(interpreter path inside, read-only binds it needs) for ``options.python``."""
+    if choice == "auto":
+        choice = "system" if Path(SYSTEM_PYTHON).exists() else "host"
+    if choice == "system":
+        if not Path(SYSTEM_PYTHON).exists():
+            raise ValueError(f"agent_loop.options.python: {SYSTEM_PYTHON} does not exist; use host")
+        return SYSTEM_PYTHON, []
+    if choice == "host":
+        prefix = Path(sys.base_prefix)
+        exe = str(prefix / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+        binds = [] if prefix.is_relative_to("/usr") else [(prefix, str(prefix))]
+        return exe, binds
+    raise ValueError(f"agent_loop.options.python must be auto, system or host, got {choice!r}")
+
+
+def _limits(values: Mapping[str, Any], option: str) -> SandboxLimits:
+    try:
+        return SandboxLimits(**values)
+    except TypeError as exc:
+        raise ValueError(f"agent_loop.options.{option}: {exc}") from exc
+
+
+def _tail(text: str) -> str:
+    return text[-OUTPUT_TAIL_CHARS:]
+
+
+def _summary(result: SandboxResult) -> dict[str, Any]:
+    return {
+        "status": str(result.status),
+        "exit_code": result.exit_code,
+        "reason": result.reason,
+        "wall_s": round(result.wall_s, 3),
+        "stdout": _tail(result.stdout),
+        "stderr": _tail(result.stderr),
+    }
+
+
+def agent_error(agent: SandboxResult) -> str | None:
+    """Why the agent's run makes the sample unusable, or None when it finished cleanly."""
+    if agent.status is not SandboxStatus.OK:
+        return f"agent sandbox {agent.status}: {agent.reason}"
+    if agent.exit_code != 0:
+        return f"agent exited {agent.exit_code}: {_tail(agent.stderr.strip()) or '(no stderr)'}"
+    return None
+
+
+def check_reward(run: CheckedRun) -> tuple[dict[str, Any] | None, str | None]:
+    """(reward, error): 1.0 when the check passed; a check killed from outside is an error."""
+    check = run.check
+    if check.status is SandboxStatus.KILLED:
+        return None, f"check sandbox killed: {check.reason}"
+    reward = {
+        "score": 1.0 if run.passed else 0.0,
+        "passed": run.passed,
+        "check_status": str(check.status),
+        "check_exit_code": check.exit_code,
+        "check_reason": check.reason,
+        "check_output": _tail(check.stdout + check.stderr),
+    }
+    return reward, None
+
+
+@contextmanager
+def _temp_dir(prefix: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _write_check_dir(root: Path, files: Mapping[str, str]) -> Path:
+    """A read-only-bindable dir of the check files, readable by the sandbox uid."""
+    root.chmod(0o755)
+    for name, text in files.items():
+        dest = root / name
+        if not dest.resolve().is_relative_to(root.resolve()):
+            raise ValueError(f"check_files name {name!r} must stay inside the check dir")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+        dest.chmod(0o644)
+    for d in [p for p in root.rglob("*") if p.is_dir()]:
+        d.chmod(0o755)
+    return root
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    task: CodingTask
+    group_id: str
+    session_id: str
+    check_dir: Path
+
+
+@register_agent_loop("sandbox")
+class SandboxLoop(AgentLoop):
+    """Agent command then check command, each sample in its own sandbox and session."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        sampling: SamplingConfig,
+        task_name: str = "sandbox",
+        max_concurrent: int = 4,
+        agent_script: str = "rltool.agents.sandbox_coder",
+        agent_command: Sequence[str] | None = None,
+        python: str = "auto",
+        max_turns: int = 2,
+        limits: Mapping[str, Any] | None = None,
+        check_limits: Mapping[str, Any] | None = None,
+        work_parent: str | None = None,
+        honor_sampling: bool = False,
+    ):
+        if max_concurrent < 1:
+            raise ValueError(
+                f"agent_loop.options.max_concurrent must be >= 1, got {max_concurrent}"
+            )
+        if max_turns < 1:
+            raise ValueError(f"agent_loop.options.max_turns must be >= 1, got {max_turns}")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.task_name = task_name
+        self.max_concurrent = max_concurrent
+        self.python, python_binds = sandbox_python(python)
+        script = resolve_script(agent_script)
+        self.agent_binds = [(script, f"{AGENT_DIR}/{script.name}"), *python_binds]
+        command = agent_command or ["{python}", f"{AGENT_DIR}/{script.name}"]
+        if not _argv(list(command)):
+            raise ValueError(f"agent_loop.options.agent_command must be argv, got {command!r}")
+        self.agent_command = self._argv(command)
+        self.max_turns = max_turns
+        self.limits = _limits({**DEFAULT_AGENT_LIMITS, **(limits or {})}, "limits")
+        self.check_limits = _limits(
+            {**DEFAULT_CHECK_LIMITS, **(check_limits or {})}, "check_limits"
+        )
+        self.work_parent = None if work_parent is None else Path(work_parent)
+        self.honor_sampling = honor_sampling
+        self.server_tokenizer = session_tokenizer(tokenizer)
+        self.counters = LoopCounters()
+
+    def _argv(self, command: Sequence[str]) -> list[str]:
+        return [a.replace("{python}", self.python) for a in command]
+
+    def generate_group(
+        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
+    ) -> list[RolloutState]:
+        return self.generate_groups([task], n, [group_id], **kwargs)[0]
+
+    def generate_groups(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        n: int,
+        group_ids: Sequence[str],
+        sampling: SamplingConfig | None = None,
+    ) -> list[list[RolloutState]]:
+        """``n`` sandboxed sessions per task, at most ``max_concurrent`` at once."""
+        check_group_args(tasks, n, group_ids)
+        coding = [
+            CodingTask.from_record(t, f"task {gid!r}")
+            for t, gid in zip(tasks, group_ids, strict=True)
+        ]
+        sids = session_ids(group_ids, n)
+        with ExitStack() as stack:
+            sock_dir = stack.enter_context(_temp_dir("rltool-sock-"))
+            check_dirs = [
+                _write_check_dir(stack.enter_context(_temp_dir("rltool-check-")), t.check_files)
+                for t in coding
+            ]
+            jobs = [
+                _Job(coding[g], gid, sids[g * n + i], check_dirs[g])
+                for g, gid in enumerate(group_ids)
+                for i in range(n)
+            ]
+            server = stack.enter_context(
+                SessionServer(
+                    self.engine,
+                    self.server_tokenizer,
+                    sampling or self.sampling,
+                    unix_socket=sock_dir / "session.sock",
+                    honor_sampling=self.honor_sampling,
+                )
+            )
+            pool = stack.enter_context(SandboxPool(self.max_concurrent))
+            workers = min(self.max_concurrent, len(jobs))
+            with ThreadPoolExecutor(workers, thread_name_prefix="rltool-sandbox") as threads:
+                flat = list(threads.map(lambda job: self._run_session(server, pool, job), jobs))
+            self.counters.add(generate_calls=server.batcher.calls)
+        return regroup(flat, n)
+
+    def _spec(self, server: SessionServer, job: _Job) -> SandboxSpec:
+        info = {
+            "prompt": job.task.prompt,
+            "solution_file": job.task.solution_file,
+            "max_turns": self.max_turns,
+        }
+        env = {
+            **default_env(),
+            "RLTOOL_BASE_URL": f"http://localhost/s/{job.session_id}/v1",
+            "RLTOOL_TASK_FILE": f"/work/{TASK_FILE}",
+        }
+        return SandboxSpec(
+            command=self.agent_command,
+            files={**job.task.files, TASK_FILE: json.dumps(info)},
+            env=env,
+            limits=self.limits,
+            ro_binds=self.agent_binds,
+            socket_path=server.unix_socket,
+            work_parent=self.work_parent,
+        )
+
+    def _run_session(
+        self, server: SessionServer, pool: SandboxPool, job: _Job
+    ) -> list[RolloutState]:
+        server.open_session(job.session_id)
+        run, error = None, None
+        try:
+            run = pool.run_check(
+                self._spec(server, job),
+                self._argv(job.task.check),
+                limits=self.check_limits,
+                ro_binds=[(job.check_dir, CHECK_DIR)],
+            )
+        except (SandboxError, ValueError) as exc:  # setup failure: this sample only, counted
+            error = f"sandbox could not run: {error_text(exc)}"
+            self.counters.add(sandbox_errors=1)
+        session = server.close_session(job.session_id)
+        count_session(self.counters, session)
+        reward, extra = None, {}
+        if run is not None:
+            extra = {"agent": _summary(run.agent), "check": _summary(run.check)}
+            error = agent_error(run.agent)
+            self.counters.add(
+                agent_failed=error is not None,
+                agent_wall_s=run.agent.wall_s,
+                check_wall_s=run.check.wall_s,
+            )
+            if error is None:
+                reward, error = check_reward(run)
+                self.counters.add(checks=1, checks_passed=run.passed)
+        return session_states(self, session, job.group_id, self.task_name, reward, error, extra)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Since the last call: session figures plus sandbox failures, pass rate and times."""
+        counts = self.counters.pop()
+        runs = max(counts.get("sessions", 0.0) - counts.get("sandbox_errors", 0.0), 1.0)
+        return {
+            **session_metrics(counts),
+            "sandbox/errors": counts.get("sandbox_errors", 0.0),
+            "sandbox/agent_failed": counts.get("agent_failed", 0.0),
+            "sandbox/check_pass_rate": counts.get("checks_passed", 0.0)
+            / max(counts.get("checks", 0.0), 1.0),
+            "sandbox/agent_wall_s_mean": counts.get("agent_wall_s", 0.0) / runs,
+            "sandbox/check_wall_s_mean": counts.get("check_wall_s", 0.0) / runs,
+        }
+
+    def evaluate(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        """One sandboxed session per task: eval/accuracy is the fraction of checks passed,
+        a failed session counting 0."""
+        if not tasks:
+            raise ValueError("evaluate() needs at least one task")
+        training_counts = self.counters.pop()  # evaluation sessions are not training figures
+        groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
+        self.counters.pop()
+        self.counters.add(**training_counts)
+        return eval_metrics(groups)

@@ -1,0 +1,130 @@
+"""Group filters and refilling a batch from over-sampled groups (DAPO's dynamic sampling).
+
+A group filter looks at one COMPLETED group and says whether it is worth
+training. ``zero_variance`` drops a group whose members all scored the same:
+every group-relative estimator (GRPO, Dr.GRPO, RLOO) gives it advantage 0 on
+every token, so it would cost a forward and backward for no gradient. The
+producer over-samples (``oversample``) so that enough groups survive, and
+``fill_batch`` keeps the first ``target`` survivors; the surplus goes back to
+the replay buffer for the next step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rltool.rollout.state import RolloutState, Status, group_status
+
+Group = list[RolloutState]
+GroupFilter = Callable[[Sequence[RolloutState]], bool]  # True = keep the group
+
+_FILTERS: dict[str, GroupFilter] = {}
+
+
+def register_group_filter(name: str) -> Callable[[GroupFilter], GroupFilter]:
+    def wrap(fn: GroupFilter) -> GroupFilter:
+        if name in _FILTERS:
+            raise ValueError(f"group filter {name!r} is registered twice")
+        _FILTERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def known_group_filters() -> list[str]:
+    return sorted(_FILTERS)
+
+
+def get_group_filter(name: str) -> GroupFilter:
+    if name not in _FILTERS:
+        known = ", ".join(known_group_filters())
+        raise ValueError(f"unknown group filter {name!r}; known: {known}")
+    return _FILTERS[name]
+
+
+@register_group_filter("none")
+def keep_every_group(group: Sequence[RolloutState]) -> bool:
+    return True
+
+
+@register_group_filter("zero_variance")
+def has_reward_variance(group: Sequence[RolloutState]) -> bool:
+    """False when every member has a finite score and all scores are equal.
+
+    A group with a missing or non-finite score is kept: there is nothing to
+    judge (a distillation task with weight 0 has no reward), and the
+    controller decides what to do with it.
+    """
+    scores = [s.score for s in group]
+    if not all(isinstance(x, int | float) and math.isfinite(x) for x in scores):
+        return True
+    return len(set(scores)) > 1
+
+
+def oversample(n: int, fraction: float) -> int:
+    """Groups to generate so that ``n`` may survive the filter: ceil(n * (1 + fraction)).
+
+    Rounded to 9 decimals first, so 10 * 1.1 = 11.000000000000002 gives 11, not 12.
+    """
+    if n < 0:
+        raise ValueError(f"oversample: group count must be >= 0, got {n}")
+    if not (math.isfinite(fraction) and fraction >= 0):
+        raise ValueError(f"over-sampling fraction must be finite and >= 0, got {fraction}")
+    return math.ceil(round(n * (1.0 + fraction), 9))
+
+
+@dataclass(frozen=True, slots=True)
+class Filled:
+    """A batch refilled from over-sampled groups, in the order they were given."""
+
+    batch: list[Group]  # the first ``target`` groups that passed the filter
+    leftover: list[Group]  # passed, beyond the target: back to the buffer
+    filtered: list[Group]  # failed the filter; members marked FILTERED
+    target: int
+
+    @property
+    def short(self) -> int:
+        """Groups still missing from the batch (the producer generates more)."""
+        return self.target - len(self.batch)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "produce/filter/kept": float(len(self.batch)),
+            "produce/filter/leftover": float(len(self.leftover)),
+            "produce/filter/filtered": float(len(self.filtered)),
+            "produce/filter/short": float(self.short),
+        }
+
+
+def apply_group_filter(groups: Sequence[Group], name: str) -> tuple[list[Group], list[Group]]:
+    """Split COMPLETED groups into (kept, filtered); mark the filtered members FILTERED."""
+    keep = get_group_filter(name)
+    kept: list[Group] = []
+    filtered: list[Group] = []
+    for g, group in enumerate(groups):
+        if not group:
+            raise ValueError(f"group {g} given to the {name!r} filter is empty")
+        status = group_status(s.status for s in group)
+        if status != Status.COMPLETED:
+            raise ValueError(
+                f"group {group[0].group_id} is {status.value}, not COMPLETED: filter only "
+                "completed groups (take them from the replay buffer)"
+            )
+        if keep(group):
+            kept.append(group)
+            continue
+        for s in group:
+            s.status = Status.FILTERED
+            s.error = f"filtered by {name}"
+        filtered.append(group)
+    return kept, filtered
+
+
+def fill_batch(groups: Sequence[Group], target: int, filter_name: str = "zero_variance") -> Filled:
+    """Filter the groups, keep the first ``target`` survivors, hand back the rest."""
+    if target < 0:
+        raise ValueError(f"fill_batch: target must be >= 0 groups, got {target}")
+    kept, filtered = apply_group_filter(groups, filter_name)
+    return Filled(batch=kept[:target], leftover=kept[target:], filtered=filtered, target=target)

@@ -1,0 +1,215 @@
+"""What one produce call hands the trainer, and where every sample taken from the dataset went.
+
+``ProduceBatchResult`` is the grouped batch plus the figures the producer logs
+(``metrics()``, keys ``produce/...``). ``Accounting`` follows each sample, by
+``rollout_id``, from the moment it is taken from the dataset to its fate, so a
+test (or a debugging run) can check that every sample is counted exactly once:
+never lost between the producer, the buffer and the trainer, never trained twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from rltool.rollout.state import RolloutState, Status
+
+Group = list[RolloutState]
+
+
+class Fate(StrEnum):
+    """Where a sample is. The first four are open (it can still move), the rest final."""
+
+    PENDING = "pending"  # taken from the dataset (or handed back) for generation
+    BUFFERED = "buffered"  # generated, waiting in the replay buffer (completed or aborted)
+    RETRY = "retry"  # expired, reset to its prompt, waiting in the buffer to be regenerated
+    TAKEN = "taken"  # served by the buffer, not yet trained, filtered or put back
+    TRAINED = "trained"  # handed to the trainer (which may still skip an invalid group)
+    FILTERED = "filtered"  # removed by the group filter
+    FAILED = "failed"  # its group had a FAILED member: skipped whole, never trained
+    DROPPED = "dropped"  # expired with ``expired: drop``
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset({Fate.TRAINED, Fate.FILTERED, Fate.FAILED, Fate.DROPPED})
+
+# The moves a sample may make; anything else is a producer bug (e.g. training a group twice).
+_MOVES: dict[Fate, frozenset[Fate]] = {
+    Fate.PENDING: frozenset(
+        {Fate.BUFFERED, Fate.RETRY, Fate.TRAINED, Fate.FILTERED, Fate.FAILED, Fate.DROPPED}
+    ),
+    Fate.BUFFERED: frozenset({Fate.TAKEN, Fate.PENDING, Fate.RETRY, Fate.DROPPED}),
+    Fate.TAKEN: frozenset({Fate.TRAINED, Fate.FILTERED, Fate.BUFFERED}),
+    Fate.RETRY: frozenset({Fate.PENDING}),
+}
+
+
+class Accounting:
+    """Every sample taken from the dataset, by rollout_id, and its current fate.
+
+    Open samples are kept by id; a sample that reaches a final fate is counted
+    and forgotten, so memory stays bounded by what is in flight. A move of an
+    unknown id (never added, or already final) is an error, which is what
+    catches a group trained twice. A retried sample keeps its rollout_id: the
+    producer regenerates the reset group under the same ids.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, Fate] = {}
+        self._final: Counter[Fate] = Counter()
+        self.taken = 0  # samples taken from the dataset, ever
+        self.retries = 0  # moves into RETRY, ever (a sample may retry more than once)
+
+    def add(self, rollout_ids: Iterable[str]) -> None:
+        """Samples just taken from the dataset: PENDING."""
+        for rid in rollout_ids:
+            if rid in self._open:
+                raise ValueError(
+                    f"sample {rid} taken from the dataset twice; rollout_ids must be unique"
+                )
+            self._open[rid] = Fate.PENDING
+            self.taken += 1
+
+    def move(self, samples: Iterable[RolloutState], fate: Fate) -> None:
+        """Move samples to ``fate``; ValueError on a move the table above forbids."""
+        for s in samples:
+            now = self._open.get(s.rollout_id)
+            if now is None:
+                raise ValueError(
+                    f"sample {s.rollout_id} (group {s.group_id}) moved to {fate} but it is not "
+                    "open: never taken from the dataset, or already trained/filtered/failed/dropped"
+                )
+            if fate not in _MOVES[now]:
+                raise ValueError(f"sample {s.rollout_id} cannot move from {now} to {fate}")
+            if fate.is_final:
+                del self._open[s.rollout_id]
+                self._final[fate] += 1
+            else:
+                self._open[s.rollout_id] = fate
+            if fate == Fate.RETRY:
+                self.retries += 1
+
+    def move_groups(self, groups: Iterable[Sequence[RolloutState]], fate: Fate) -> None:
+        self.move((s for g in groups for s in g), fate)
+
+    def fate(self, rollout_id: str) -> Fate | None:
+        """The fate of an open sample; None once it is final (or was never added)."""
+        return self._open.get(rollout_id)
+
+    def open_ids(self, fate: Fate) -> set[str]:
+        return {rid for rid, f in self._open.items() if f == fate}
+
+    def counts(self) -> dict[Fate, int]:
+        """Samples per fate; they sum to ``taken``."""
+        out = dict.fromkeys(Fate, 0)
+        out.update(Counter(self._open.values()))
+        out.update(self._final)
+        assert sum(out.values()) == self.taken, f"accounting lost samples: {out} vs {self.taken}"
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"produce/samples/{f.value}": float(n) for f, n in self.counts().items()}
+        out["produce/samples/taken"] = float(self.taken)
+        out["produce/samples/retries"] = float(self.retries)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "open": {rid: f.value for rid, f in self._open.items()},
+            "final": {f.value: n for f, n in self._final.items()},
+            "taken": self.taken,
+            "retries": self.retries,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._open = {rid: Fate(f) for rid, f in state["open"].items()}
+        self._final = Counter({Fate(f): int(n) for f, n in state["final"].items()})
+        self.taken, self.retries = int(state["taken"]), int(state["retries"])
+        self.counts()  # the invariant holds for what was loaded
+
+
+# ---------------------------------------------------------------- batch figures
+
+
+def raw_reward_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[float, int]:
+    """Sum and count of the finite scores of COMPLETED samples, before any filter."""
+    scores = [
+        s.score
+        for g in groups
+        for s in g
+        if s.status == Status.COMPLETED
+        and isinstance(s.score, int | float)
+        and math.isfinite(s.score)
+    ]
+    return float(sum(scores)), len(scores)
+
+
+def produced_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[int, int]:
+    """Samples and generated tokens (``response_ids``, environment tokens included)."""
+    samples = [s for g in groups for s in g]
+    return len(samples), sum(len(s.response_ids or ()) for s in samples)
+
+
+def time_stats(seconds: Sequence[float]) -> tuple[float, float, float]:
+    """Mean, p50 and p99 (linear interpolation); zeros when nothing was timed."""
+    if len(seconds) == 0:
+        return 0.0, 0.0, 0.0
+    t = np.asarray(seconds, dtype=np.float64)  # [G]
+    p50, p99 = np.percentile(t, [50, 99])
+    return float(t.mean()), float(p50), float(p99)
+
+
+@dataclass(slots=True)
+class ProduceBatchResult:
+    """One produce call: the groups to train and the figures around them.
+
+    ``leftover_*`` count GROUPS that were produced or held but are not in
+    ``groups``, by status: init = taken from the dataset, not generated yet;
+    completed / aborted / expired = waiting in the buffer (expired: reset for
+    regeneration; with ``expired: drop`` the groups dropped this call);
+    failed / filtered = produced this call and never trained.
+    """
+
+    groups: list[Group]  # [G][group size], one inner list per prompt
+    leftover_init: int = 0
+    leftover_completed: int = 0
+    leftover_aborted: int = 0
+    leftover_expired: int = 0
+    leftover_failed: int = 0
+    leftover_filtered: int = 0
+    raw_rewards_sum: float = 0.0  # COMPLETED samples' scores, before filtering
+    raw_rewards_count: int = 0
+    produced_samples: int = 0  # generated this call, whatever their fate
+    produced_tokens: int = 0  # response tokens generated this call
+    produce_time_s: float = 0.0
+    group_time_mean: float = 0.0  # seconds to generate one group
+    group_time_p50: float = 0.0
+    group_time_p99: float = 0.0
+    extra_metrics: dict[str, float] = field(default_factory=dict)  # e.g. buffer.metrics()
+
+    def metrics(self) -> dict[str, float]:
+        n = self.raw_rewards_count
+        out = {
+            "produce/groups": float(len(self.groups)),
+            "produce/samples": float(sum(len(g) for g in self.groups)),
+            "produce/raw_reward/mean": self.raw_rewards_sum / n if n else 0.0,
+            "produce/raw_reward/count": float(n),
+            "produce/produced_samples": float(self.produced_samples),
+            "produce/produced_tokens": float(self.produced_tokens),
+            "produce/time_s": self.produce_time_s,
+            "produce/group_time/mean": self.group_time_mean,
+            "produce/group_time/p50": self.group_time_p50,
+            "produce/group_time/p99": self.group_time_p99,
+        }
+        for status in ("init", "completed", "aborted", "expired", "failed", "filtered"):
+            out[f"produce/leftover/{status}"] = float(getattr(self, f"leftover_{status}"))
+        return out | self.extra_metrics

@@ -1,0 +1,121 @@
+"""What a verl-style agent loop reads at construction: its config, its tools, its class.
+
+verl's worker builds every loop (one per trajectory) with
+``loop_cls(trainer_config=DictConfigWrap(config), server_manager=...,
+tokenizer=..., processor=..., hf_model_type=..., dataset_cls=...,
+data_config=DictConfigWrap(config.data), tools=ToolListWrap(tools))``.
+``AgentLoopBase`` reads ``config.actor_rollout_ref.rollout`` (prompt_length,
+response_length, full_determinism, ...) and ``data_config`` (chat template
+kwargs); ``ToolAgentLoop`` reads ``rollout.multi_turn`` (turn limits, tool
+response length, the tool-call format) and ``tools.tools``. The wrappers here
+carry the same attributes as verl's, so the loops cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rltool.config.schema import SamplingConfig
+
+# verl 0.9's MultiTurnConfig defaults, for the keys its loops read
+DEFAULT_MULTI_TURN: dict[str, Any] = {
+    "enable": True,
+    "max_assistant_turns": None,
+    "max_user_turns": None,
+    "max_parallel_calls": 1,
+    "max_tool_response_length": 256,
+    "tool_response_truncate_side": "middle",
+    "format": "hermes",
+    "tool_config_path": None,
+    "function_tool_path": None,
+}
+
+
+@dataclass(slots=True)
+class ConfigWrap:
+    """verl's ``DictConfigWrap``: a config the loop finds at ``.config``."""
+
+    config: DictConfig
+
+
+@dataclass(slots=True)
+class ToolListWrap:
+    """verl's ``ToolListWrap``: the tool objects at ``.tools``."""
+
+    tools: list[Any]
+
+
+def trainer_config(
+    *,
+    prompt_length: int,
+    response_length: int,
+    sampling: SamplingConfig,
+    multi_turn: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> DictConfig:
+    """The verl-shaped trainer config a loop reads, with ``overrides`` merged on top."""
+    if prompt_length < 1 or response_length < 1:
+        raise ValueError(
+            f"agent_loop.options: prompt_length ({prompt_length}) and response_length "
+            f"({response_length}) must be >= 1"
+        )
+    rollout = {
+        "name": "rltool",
+        "prompt_length": prompt_length,
+        "response_length": response_length,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "calculate_log_probs": True,
+        "full_determinism": False,
+        "multi_turn": {**DEFAULT_MULTI_TURN, **(multi_turn or {})},
+    }
+    base = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": rollout}, "data": {"apply_chat_template_kwargs": {}}}
+    )
+    merged = OmegaConf.merge(base, OmegaConf.create(overrides or {}))
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def load_loop_class(path: str) -> type:
+    """The agent-loop class at ``package.module.Class`` (or ``package.module:Class``)."""
+    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"agent_loop.options.loop_class {path!r} is not an import path; "
+            f"write it as package.module.ClassName"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = " (verl's loops need verl: run scripts/verl_env.sh)" if path.startswith("verl.") else ""
+        raise ValueError(f"agent_loop.options.loop_class: cannot import {module_name!r}: {exc}{hint}") from exc
+    cls = getattr(module, attr, None)
+    if not inspect.isclass(cls):
+        raise ValueError(f"agent_loop.options.loop_class: {module_name!r} has no class {attr!r}")
+    if not inspect.iscoroutinefunction(getattr(cls, "run", None)):
+        raise ValueError(
+            f"agent_loop.options.loop_class: {path} has no `async def run(self, sampling_params, "
+            f"**kwargs)`; it is not a verl agent loop"
+        )
+    return cls
+
+
+def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[Any]:
+    """verl tools from a tool config YAML and/or a function-tool file, loaded the way verl does."""
+    if not tool_config_path and not function_tool_path:
+        return []
+    try:
+        from verl.tools.tool_registry import load_all_tools
+    except ImportError as exc:
+        raise ValueError(
+            "agent_loop.options.multi_turn.tool_config_path / function_tool_path are verl tool "
+            f"configs and need verl installed (run scripts/verl_env.sh): {exc}"
+        ) from exc
+    return list(load_all_tools(tool_config_path=tool_config_path, function_tool_path=function_tool_path))

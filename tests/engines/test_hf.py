@@ -1,0 +1,189 @@
+"""HFEngine on a tiny Qwen2 overfit to one answer: logprobs, stopping, padding, chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2ForCausalLM
+
+from rltool.config.schema import SamplingConfig
+from rltool.demo.data import Problem, prompt_messages
+from rltool.demo.model import demo_model_config, encode_sft_example
+from rltool.demo.tokenizer import train_demo_tokenizer
+from rltool.engines.hf import HFEngine
+
+ANSWER = "7 + 5 = 12\n#### 12"
+PROBLEM = Problem("Tom has 7 apples and buys 5 more. How many apples does Tom have?", ANSWER)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_demo_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """A tiny Qwen2 trained until its greedy answer to PROBLEM is exactly ANSWER + EOS."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(demo_model_config(tokenizer, 32, 2, 2, 64))
+        ids, labels = encode_sft_example(tokenizer, PROBLEM)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(100):
+            loss = m(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
+            if loss.item() < 0.05:
+                break
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert loss.item() < 0.05, "the fixture model did not memorize its answer"
+    return m
+
+
+def prompt(tokenizer, question: str = PROBLEM.question) -> list[int]:
+    enc = tokenizer.apply_chat_template(prompt_messages(question), add_generation_prompt=True)
+    return list(enc["input_ids"])
+
+
+def reference_logprobs(model, prompt_ids, token_ids, temperature):
+    """log_softmax(logits / T) at the chosen tokens, from one unpadded forward, no cache."""
+    ids = torch.tensor([prompt_ids + token_ids])  # [1, P+R]
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0]  # [P+R, V]
+    step_logits = logits[len(prompt_ids) - 1 : -1] / temperature  # [R, V]
+    lp = torch.log_softmax(step_logits, -1)  # [R, V]
+    return lp.gather(-1, torch.tensor(token_ids)[:, None])[:, 0], step_logits.argmax(-1)  # [R], [R]
+
+
+def test_greedy_stops_at_eos_and_keeps_it(model, tokenizer):
+    engine = HFEngine(model, tokenizer, batch_size=4, model_step=3)
+    [gen] = engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=30))
+    expected = tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert gen.token_ids == expected
+    assert gen.finish_reason == "stop"
+    assert gen.text == ANSWER  # special tokens skipped
+    assert gen.model_steps == [3] * len(expected)
+    ref, argmax = reference_logprobs(model, prompt(tokenizer), gen.token_ids, 1.0)
+    assert argmax.tolist() == gen.token_ids
+    torch.testing.assert_close(torch.tensor(gen.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_length_limit(model, tokenizer):
+    engine = HFEngine(model, tokenizer)
+    [gen] = engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=3))
+    assert len(gen.token_ids) == len(gen.logprobs) == len(gen.model_steps) == 3
+    assert gen.finish_reason == "length"
+    assert gen.text == "7 + "  # tokens "7", " +", " "
+
+
+def test_stop_string_ends_the_row_and_is_kept(model, tokenizer):
+    engine = HFEngine(model, tokenizer)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=30, stop=["####"])
+    [gen] = engine.generate([prompt(tokenizer)], sampling)
+    assert gen.text == "7 + 5 = 12\n####"
+    assert gen.finish_reason == "stop"
+
+
+def test_pad_equal_to_eos_does_not_leak_into_stopped_rows(model, tokenizer):
+    # With pad == eos, a row that finished early is filled with eos ids while the other
+    # rows go on; a row stopped by a stop string must not gain one.
+    tok = train_demo_tokenizer()
+    tok.pad_token = tok.eos_token
+    engine = HFEngine(model, tok, batch_size=2)
+    assert engine.pad_id == tok.eos_token_id
+    prompts = [prompt(tok), prompt(tok, "Hi")]
+    gens = engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=30, stop=["="]))
+    assert [g.text for g in gens] == ["7 + 5 =", "#### 5 ="]
+    assert len(gens[1].token_ids) < len(gens[0].token_ids)  # row 1 was padded meanwhile
+    assert all(g.token_ids[-1] != tok.eos_token_id for g in gens)
+    assert all(g.finish_reason == "stop" for g in gens)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_sampled_logprobs_match_a_manual_forward(model, tokenizer, temperature):
+    # Prompts of different lengths (left padding) over two chunks (batch_size 2).
+    prompts = [
+        prompt(tokenizer),
+        prompt(
+            tokenizer, "Ella has 3 coins and gives 1 to Max. How many coins does Ella have left?"
+        ),
+        prompt(tokenizer, "Hi"),
+    ]
+    engine = HFEngine(model, tokenizer, batch_size=2)
+    torch.manual_seed(1)
+    gens = engine.generate(prompts, SamplingConfig(temperature=temperature, max_new_tokens=12))
+    assert len(gens) == 3
+    for p, gen in zip(prompts, gens, strict=True):
+        assert len(gen.token_ids) == len(gen.logprobs) >= 1
+        ref, _ = reference_logprobs(model, p, gen.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), ref, atol=1e-4, rtol=0)
+        if gen.finish_reason == "stop":
+            assert gen.token_ids[-1] == tokenizer.eos_token_id
+            assert tokenizer.eos_token_id not in gen.token_ids[:-1]
+        else:
+            assert len(gen.token_ids) == 12
+            assert tokenizer.eos_token_id not in gen.token_ids
+
+
+def test_sampling_is_reproducible_under_the_global_seed(model, tokenizer):
+    engine = HFEngine(model, tokenizer)
+    sampling = SamplingConfig(temperature=1.5, top_p=0.9, top_k=20, max_new_tokens=10)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append([g.token_ids for g in engine.generate([prompt(tokenizer)] * 4, sampling)])
+    assert runs[0] == runs[1]
+
+
+def test_batching_and_padding_do_not_change_greedy_output(model, tokenizer):
+    prompts = [prompt(tokenizer), prompt(tokenizer, "Hi"), prompt(tokenizer, "Zoe has 9 toys.")]
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    one = HFEngine(model, tokenizer, batch_size=1).generate(prompts, sampling)
+    together = HFEngine(model, tokenizer, batch_size=3).generate(prompts, sampling)
+    assert [g.token_ids for g in one] == [g.token_ids for g in together]
+    torch.testing.assert_close(
+        torch.tensor([x for g in one for x in g.logprobs]),
+        torch.tensor([x for g in together for x in g.logprobs]),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_training_mode_is_restored_and_weights_are_shared(model, tokenizer):
+    engine = HFEngine(model, tokenizer)
+    model.train()
+    engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=2))
+    assert model.training
+    model.eval()
+    engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=2))
+    assert not model.training
+    assert engine.model is model
+
+
+def test_sync_weights_records_the_step(model, tokenizer):
+    engine = HFEngine(model, tokenizer)
+    assert engine.model_step == 0
+    engine.sync_weights(5)
+    [gen] = engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=4))
+    assert gen.model_steps == [5, 5, 5, 5]
+    with pytest.raises(ValueError, match="goes back"):
+        engine.sync_weights(4)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "match"),
+    [
+        (SamplingConfig(temperature=-1.0), "temperature"),
+        (SamplingConfig(top_p=0.0), "top_p"),
+        (SamplingConfig(top_k=-1), "top_k"),
+        (SamplingConfig(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
+def test_bad_sampling_is_a_clear_error(model, tokenizer, sampling, match):
+    with pytest.raises(ValueError, match=match):
+        HFEngine(model, tokenizer).generate([prompt(tokenizer)], sampling)
+
+
+def test_empty_prompt_is_named(model, tokenizer):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        HFEngine(model, tokenizer).generate([prompt(tokenizer), []], SamplingConfig())

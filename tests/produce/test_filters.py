@@ -1,0 +1,99 @@
+"""Group filters, the batch refill from over-sampled groups, and the over-sampling count."""
+
+from __future__ import annotations
+
+import pytest
+from produce_fakes import group
+
+from rltool.produce.filters import (
+    apply_group_filter,
+    fill_batch,
+    get_group_filter,
+    known_group_filters,
+    oversample,
+    register_group_filter,
+)
+from rltool.rollout.state import Status
+
+
+def test_zero_variance_judges_scores() -> None:
+    keep = get_group_filter("zero_variance")
+    assert keep(group("g", scores=(1.0, 0.0, 1.0)))
+    assert not keep(group("g", scores=(1.0, 1.0, 1.0)))
+    assert not keep(group("g", scores=(0.0, 0.0)))
+    assert not keep(group("g", scores=(0.5,)))  # one member: advantage 0 anyway
+    assert keep(group("g", scores=(1.0, None)))  # nothing to judge: kept
+    assert keep(group("g", scores=(float("nan"), float("nan"))))
+    assert get_group_filter("none")(group("g", scores=(1.0, 1.0)))
+
+
+def test_filtered_members_are_marked() -> None:
+    varied, flat = group("v", scores=(1.0, 0.0)), group("f", scores=(0.0, 0.0))
+    kept, filtered = apply_group_filter([varied, flat], "zero_variance")
+    assert kept == [varied] and filtered == [flat]
+    assert [s.status for s in flat] == [Status.FILTERED] * 2
+    assert flat[0].error == "filtered by zero_variance"
+    assert [s.status for s in varied] == [Status.COMPLETED] * 2
+
+
+def names(groups: list) -> list[str]:
+    return [g[0].group_id for g in groups]
+
+
+def test_fill_batch_refills_from_over_sampled_groups() -> None:
+    # target 3, over-sampled to oversample(3, 1.0) = 6 groups; groups 1 and 4 have no variance
+    scores = [(1.0, 0.0), (1.0, 1.0), (0.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.0, 1.0)]
+    groups = [group(f"g{i}", scores=sc) for i, sc in enumerate(scores)]
+    assert len(groups) == oversample(3, 1.0)
+    filled = fill_batch(groups, 3)
+    assert names(filled.batch) == ["g0", "g2", "g3"]
+    assert names(filled.leftover) == ["g5"]
+    assert names(filled.filtered) == ["g1", "g4"]
+    assert filled.short == 0
+    assert filled.metrics() == {
+        "produce/filter/kept": 3.0,
+        "produce/filter/leftover": 1.0,
+        "produce/filter/filtered": 2.0,
+        "produce/filter/short": 0.0,
+    }
+
+
+def test_fill_batch_short_of_target() -> None:
+    groups = [group("a", scores=(1.0, 0.0)), group("b", scores=(1.0, 1.0))]
+    filled = fill_batch(groups, 3)
+    assert (len(filled.batch), len(filled.leftover), len(filled.filtered)) == (1, 0, 1)
+    assert filled.short == 2  # the producer generates more
+    passthrough = fill_batch([group("c", scores=(1.0, 1.0))], 1, "none")
+    assert len(passthrough.batch) == 1 and not passthrough.filtered
+
+
+def test_fill_batch_needs_completed_groups() -> None:
+    g = group("x")
+    g[0].fail("reward: timeout")
+    with pytest.raises(ValueError, match="group x is FAILED, not COMPLETED"):
+        fill_batch([g], 1)
+    with pytest.raises(ValueError, match="target must be >= 0"):
+        fill_batch([], -1)
+
+
+def test_registry() -> None:
+    assert {"none", "zero_variance"} <= set(known_group_filters())
+    with pytest.raises(ValueError, match=r"unknown group filter 'nope'; known: .*zero_variance"):
+        get_group_filter("nope")
+    with pytest.raises(ValueError, match="registered twice"):
+        register_group_filter("none")(lambda g: True)
+
+
+@pytest.mark.parametrize(
+    ("n", "fraction", "expected"),
+    [(10, 0.1, 11), (8, 0.25, 10), (7, 0.5, 11), (3, 0.0, 3), (0, 0.5, 0), (1, 0.01, 2)],
+)
+def test_oversample(n: int, fraction: float, expected: int) -> None:
+    # 10 * 1.1 = 11.000000000000002 in floats: still 11; 7 * 1.5 = 10.5 -> 11; 1.01 -> 2
+    assert oversample(n, fraction) == expected
+
+
+@pytest.mark.parametrize(("n", "fraction"), [(-1, 0.1), (4, -0.1), (4, float("inf"))])
+def test_oversample_rejects(n: int, fraction: float) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        oversample(n, fraction)
