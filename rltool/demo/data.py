@@ -1,6 +1,7 @@
 """Tiny grade-school arithmetic word problems in GSM8K format.
 
-Each problem is one operation (+, - or *) on single-digit operands, wrapped in
+Each problem is one operation on single-digit operands (a sum, a difference of
+at least 1, or a product of two factors from 2 to 5), wrapped in
 one of a handful of phrasings, with a short answer in GSM8K's format::
 
     {"question": "Tom has 7 apples and buys 5 more. How many apples does Tom have?",
@@ -63,6 +64,8 @@ def _operands(op: str, rng: random.Random) -> tuple[int, int]:
     if op == "-":  # keep the difference at least 1: "how many are left" never asks for 0
         a = rng.randint(2, 9)
         return a, rng.randint(1, a - 1)
+    if op == "*":  # small products: 16 facts, so the warm start learns some of them quickly
+        return rng.randint(2, 5), rng.randint(2, 5)
     return rng.randint(1, 9), rng.randint(1, 9)
 
 

@@ -9,6 +9,10 @@ Logprobs follow the trainer's convention: ``log_softmax(raw_logits / t)`` at
 the chosen token, with ``t`` the sampling temperature (1 for greedy), computed
 from the model's raw logits before top-p/top-k filtering.
 
+A sequence ends at its first EOS or stop string (transformers'
+``StopStringCriteria``); the EOS token or the stop string's tokens are kept,
+padding and anything after them are dropped.
+
 Seeding: ``generate`` samples from torch's global RNG; seed it with
 ``torch.manual_seed`` (the trainer does so once at start) for reproducible
 rollouts.
@@ -182,12 +186,13 @@ class HFEngine(RolloutEngine):
             generation_config=_generation_config(sampling, self.eos_ids, self.pad_id),
             stopping_criteria=[recorder],
         )
-        new = res.sequences[:, ids.shape[1] :].cpu()  # [B, T]
+        new = res.sequences[:, ids.shape[1] :]  # [B, T]
         temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-        logits = torch.stack(res.logits, dim=1).float().cpu()  # [B, T, V]
+        logits = torch.stack(res.logits, dim=1).float()  # [B, T, V]
         logits /= temperature
         chosen = logits.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, T]
-        logprobs = chosen - logits.logsumexp(-1)  # [B, T]
+        logprobs = (chosen - logits.logsumexp(-1)).cpu()  # [B, T]
+        new = new.cpu()
         finished = recorder.lengths > 0  # [B]
         lengths = torch.where(finished, recorder.lengths, new.shape[1])  # [B]
         gens = []

@@ -57,23 +57,32 @@ class _Request:
 class AsyncGenerationBatcher:
     """One engine caller for the coroutines of one event loop.
 
-    Every trajectory wraps its run in ``async with batcher.trajectory():``; its
-    generate calls go through ``await batcher.generate(prompt, sampling)``.
+    ``add_trajectories(n)`` before starting n trajectories, ``trajectory_done()``
+    when each one ends; their generate calls go through ``await
+    batcher.generate(prompt, sampling)``.
     """
 
     def __init__(self, engine: RolloutEngine, decode: Callable[[list[int]], str]):
         self.engine = engine
         self.decode = decode
-        self.running = 0  # trajectories inside trajectory()
+        self.running = 0  # trajectories counted and not done
         self.pending: list[_Request] = []
         self.calls = 0  # engine.generate calls made
         self.requests = 0  # generate requests served
 
-    def trajectory(self) -> _Trajectory:
-        return _Trajectory(self)
+    def add_trajectories(self, n: int) -> None:
+        """Count ``n`` trajectories as running. Call it before any of them starts: a
+        trajectory not yet counted could miss the batch of the first turn."""
+        self.running += n
+
+    def trajectory_done(self) -> None:
+        """One trajectory ended (returned or raised): the others may all be waiting now."""
+        assert self.running > 0, "trajectory_done() without a running trajectory"
+        self.running -= 1
+        self._flush_if_all_waiting()
 
     async def generate(self, prompt: Sequence[int], sampling: SamplingConfig) -> Generation:
-        assert self.running > 0, "generate() outside a trajectory() block"
+        assert self.running > 0, "generate() from a trajectory that was not counted"
         future = asyncio.get_running_loop().create_future()
         self.pending.append(_Request(list(prompt), sampling, future))
         self._flush_if_all_waiting()
@@ -107,18 +116,3 @@ class AsyncGenerationBatcher:
             return
         for r, gen in zip(group, gens, strict=True):
             r.future.set_result(cut(gen, r.sampling.max_new_tokens, self.decode))
-
-
-class _Trajectory:
-    """Counts a trajectory as running for as long as the block lasts."""
-
-    def __init__(self, batcher: AsyncGenerationBatcher):
-        self.batcher = batcher
-
-    async def __aenter__(self) -> None:
-        self.batcher.running += 1
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.batcher.running -= 1
-        # the others may all be waiting on this one now
-        self.batcher._flush_if_all_waiting()

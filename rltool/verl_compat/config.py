@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -94,8 +95,12 @@ def load_loop_class(path: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = " (verl's loops need verl: run scripts/verl_env.sh)" if path.startswith("verl.") else ""
-        raise ValueError(f"agent_loop.options.loop_class: cannot import {module_name!r}: {exc}{hint}") from exc
+        hint = (
+            " (verl's loops need verl: run scripts/verl_env.sh)" if path.startswith("verl.") else ""
+        )
+        raise ValueError(
+            f"agent_loop.options.loop_class: cannot import {module_name!r}: {exc}{hint}"
+        ) from exc
     cls = getattr(module, attr, None)
     if not inspect.isclass(cls):
         raise ValueError(f"agent_loop.options.loop_class: {module_name!r} has no class {attr!r}")
@@ -105,6 +110,21 @@ def load_loop_class(path: str) -> type:
             f"**kwargs)`; it is not a verl agent loop"
         )
     return cls
+
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_DIR = Path(__file__).parent  # tool configs shipped with rltool
+
+
+def resolve_tool_path(path: str | None) -> str | None:
+    """``builtin:NAME`` -> the file NAME shipped in rltool/verl_compat/; other paths unchanged."""
+    if not path or not path.startswith(BUILTIN_PREFIX):
+        return path
+    resolved = BUILTIN_DIR / path.removeprefix(BUILTIN_PREFIX)
+    if not resolved.is_file():
+        known = ", ".join(BUILTIN_PREFIX + p.name for p in sorted(BUILTIN_DIR.glob("*.yaml")))
+        raise ValueError(f"unknown builtin tool config {path!r}; known: {known}")
+    return str(resolved)
 
 
 def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[Any]:
@@ -118,4 +138,8 @@ def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> 
             "agent_loop.options.multi_turn.tool_config_path / function_tool_path are verl tool "
             f"configs and need verl installed (run scripts/verl_env.sh): {exc}"
         ) from exc
-    return list(load_all_tools(tool_config_path=tool_config_path, function_tool_path=function_tool_path))
+    tools = load_all_tools(
+        tool_config_path=resolve_tool_path(tool_config_path),
+        function_tool_path=resolve_tool_path(function_tool_path),
+    )
+    return list(tools)

@@ -39,7 +39,9 @@ class CanonicalFields:
 def _ints(name: str, values: Sequence) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"AgentLoopOutput.{name} must be a flat list of ints, got {arr.dtype} {arr.shape}")
+        raise ValueError(
+            f"AgentLoopOutput.{name} must be a flat list of ints, got {arr.dtype} {arr.shape}"
+        )
     return arr.astype(np.int64)
 
 
@@ -62,17 +64,25 @@ def canonical_fields(
     response = _ints("response_ids", response_ids)  # [R]
     mask = _ints("response_mask", response_mask)  # [R]
     if mask.shape != response.shape:
-        raise ValueError(f"response_mask has {mask.size} entries for {response.size} response tokens")
+        raise ValueError(
+            f"response_mask has {mask.size} entries for {response.size} response tokens"
+        )
     if not np.isin(mask, (0, 1)).all():
-        raise ValueError(f"response_mask holds {sorted(set(mask.tolist()) - {0, 1})}; only 0 and 1 are allowed")
+        raise ValueError(
+            f"response_mask holds {sorted(set(mask.tolist()) - {0, 1})}; only 0 and 1 are allowed"
+        )
     supervised = mask == 1  # [R]
-    labels = np.concatenate([np.full(prompt.size, IGNORE_INDEX), np.where(supervised, response, IGNORE_INDEX)])
+    labels = np.concatenate(
+        [np.full(prompt.size, IGNORE_INDEX), np.where(supervised, response, IGNORE_INDEX)]
+    )
 
     logprobs = None
     if response_logprobs is not None:
         lp = np.asarray(response_logprobs, dtype=np.float64)  # [R]
         if lp.shape != response.shape:
-            raise ValueError(f"response_logprobs has {lp.size} entries for {response.size} response tokens")
+            raise ValueError(
+                f"response_logprobs has {lp.size} entries for {response.size} response tokens"
+            )
         logprobs = np.concatenate([np.zeros(prompt.size), np.where(supervised, lp, 0.0)]).tolist()
 
     return CanonicalFields(

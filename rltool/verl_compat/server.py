@@ -31,7 +31,16 @@ _NEUTRAL = {
     "ignore_eos": False,
     "n": 1,
 }
-_HANDLED = {"temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "stop", "stop_token_ids", "logprobs"}
+_HANDLED = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "logprobs",
+}
 _FINISH = {"stop": "completed", "length": "length"}  # rltool finish_reason -> verl stop_reason
 
 
@@ -117,7 +126,9 @@ class TrajectoryServer:
         **kwargs: Any,
     ) -> TokenOutput:
         if image_data or video_data or audio_data:
-            raise ValueError("rltool's engine is text-only: this request carries images, video or audio")
+            raise ValueError(
+                "rltool's engine is text-only: this request carries images, video or audio"
+            )
         prompt = [int(t) for t in prompt_ids]
         budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt))
         sampling = to_sampling(sampling_params, budget, self.token_text)

@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from loop_fakes import ContextEngine, decode, spans
+from transformers import AutoTokenizer
 
 from rltool.agent_loops.base import get_agent_loop
 from rltool.agent_loops.sandbox import CodingTask, SandboxLoop, resolve_script, sandbox_python
 from rltool.config.schema import SamplingConfig
 from rltool.data import load_examples
 from rltool.demo.coding_tasks import CODING_TASKS_FILE
+from rltool.demo.model import demo_cache_dir
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.contract import check_group, check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, Status
@@ -223,14 +225,22 @@ def test_train_dump_validate_inspect_sandbox_recipe(tmp_path):
         [*RLTOOL, "validate-rollouts", *map(str, dumps)], cwd=REPO, capture_output=True, text=True
     )
     assert validate.returncode == 0, validate.stdout[-3000:]
-    inspect = subprocess.run(
-        [*RLTOOL, "inspect-batch", str(dumps[0]), "--format", "json"], cwd=REPO,
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert inspect.returncode == 0, inspect.stderr[-3000:]
     rows = [json.loads(line) for d in dumps for line in d.read_text().splitlines()]
     assert {r["task_name"] for r in rows} == {"coding"}
-    assert all("check" in r["extra"] for r in rows if r["status"] == "COMPLETED")
-    samples = json.loads(inspect.stdout)["samples"]
-    sup = [np.asarray(s["targets"]) != IGNORE_INDEX for s in samples]
-    assert any(np.count_nonzero(np.diff(m.astype(int)) == 1) >= 2 for m in sup)
+    assert all("check_output" in r["reward"] for r in rows if r["status"] == "COMPLETED")
+    tokenizer = AutoTokenizer.from_pretrained(demo_cache_dir(), local_files_only=True)
+    gaps_seen = 0
+    for dump in dumps:  # shifted targets: first reply, masked error feedback, second reply
+        inspect = subprocess.run(
+            [*RLTOOL, "inspect-batch", str(dump), "--format", "json"], cwd=REPO,
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert inspect.returncode == 0, inspect.stderr[-3000:]
+        for sample in json.loads(inspect.stdout)["samples"]:
+            ids, sup = np.asarray(sample["input_ids"]), np.asarray(sample["targets"]) != -100
+            edges = np.flatnonzero(np.diff(np.r_[0, sup.astype(int), 0]))  # start, end, ...
+            for end, start in zip(edges[1:-1:2], edges[2::2], strict=True):
+                masked = tokenizer.decode(ids[end + 1 : start + 1].tolist())
+                assert "Running solution.py failed:" in masked, masked
+                gaps_seen += 1
+    assert gaps_seen > 0  # the tiny model's Python never runs: every agent takes 2 turns

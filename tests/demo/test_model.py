@@ -102,7 +102,7 @@ def test_ensure_names_a_blocking_path(monkeypatch, tmp_path):
 def test_reduced_build_is_deterministic_and_loads_as_the_builtin(monkeypatch, tmp_path):
     monkeypatch.setenv("RLTOOL_CACHE", str(tmp_path / "cache"))
     settings = SFTSettings(
-        max_steps=4, batch_size=8, probe_every=2, probe_problems=8, eval_problems=16
+        max_steps=4, batch_size=8, probe_from=2, probe_every=2, probe_problems=8, eval_problems=16
     )
     before = torch.get_rng_state()
     build = {"seed": 0, "settings": settings, "show_progress": False}

@@ -14,6 +14,9 @@ from rltool.engines.hf import HFEngine
 
 ANSWER = "7 + 5 = 12\n#### 12"
 PROBLEM = Problem("Tom has 7 apples and buys 5 more. How many apples does Tom have?", ANSWER)
+OTHER = Problem(
+    "Mia has 9 cups and gives 3 to Leo. How many cups does Mia have left?", "9 - 3 = 6\n#### 6"
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,20 +26,23 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    """A tiny Qwen2 trained until its greedy answer to PROBLEM is exactly ANSWER + EOS."""
+    """A tiny Qwen2 trained until its greedy answers to PROBLEM and OTHER are exact."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         m = Qwen2ForCausalLM(demo_model_config(tokenizer, 32, 2, 2, 64))
-        ids, labels = encode_sft_example(tokenizer, PROBLEM)
+        examples = [encode_sft_example(tokenizer, p) for p in (PROBLEM, OTHER)]
         opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        for _ in range(100):
-            loss = m(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
-            if loss.item() < 0.05:
+        for _ in range(200):
+            losses = [
+                m(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
+                for ids, labels in examples
+            ]
+            if max(loss.item() for loss in losses) < 0.05:
                 break
-            loss.backward()
+            sum(losses).backward()
             opt.step()
             opt.zero_grad()
-    assert loss.item() < 0.05, "the fixture model did not memorize its answer"
+    assert max(loss.item() for loss in losses) < 0.05, "the fixture model did not memorize"
     return m
 
 
@@ -91,11 +97,11 @@ def test_pad_equal_to_eos_does_not_leak_into_stopped_rows(model, tokenizer):
     tok.pad_token = tok.eos_token
     engine = HFEngine(model, tok, batch_size=2)
     assert engine.pad_id == tok.eos_token_id
-    prompts = [prompt(tok), prompt(tok, "Hi")]
-    gens = engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=30, stop=["="]))
-    assert [g.text for g in gens] == ["7 + 5 =", "#### 5 ="]
-    assert len(gens[1].token_ids) < len(gens[0].token_ids)  # row 1 was padded meanwhile
-    assert all(g.token_ids[-1] != tok.eos_token_id for g in gens)
+    prompts = [prompt(tok), prompt(tok, OTHER.question)]
+    gens = engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=30, stop=["-"]))
+    assert [g.text for g in gens] == [ANSWER, "9 -"]
+    assert gens[0].token_ids[-1] == tok.eos_token_id  # row 0 ended on EOS, row 1 was padded
+    assert gens[1].token_ids == tok("9 -", add_special_tokens=False)["input_ids"]
     assert all(g.finish_reason == "stop" for g in gens)
 
 
