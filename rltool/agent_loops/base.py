@@ -114,7 +114,9 @@ class AgentLoop(ABC):
         """Build the loop a recipe names; ``agent_loop.options`` become keyword arguments."""
         options = dict(recipe.agent_loop.options)
         try:
-            return cls(engine=engine, tokenizer=tokenizer, sampling=recipe.rollout.sampling, **options)
+            return cls(
+                engine=engine, tokenizer=tokenizer, sampling=recipe.rollout.sampling, **options
+            )
         except TypeError as exc:
             raise ValueError(f"agent_loop.options for {cls.name!r}: {exc}") from exc
 

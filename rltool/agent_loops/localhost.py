@@ -120,10 +120,21 @@ def session_tokenizer(tokenizer: Any) -> Any:
 
 
 def session_ids(group_ids: Sequence[str], n: int) -> list[str]:
-    """``{group_id}.{i}`` per sample, task-major, made safe for a session id."""
-    ids = [f"{_UNSAFE_ID_CHARS.sub('_', gid)[:100]}.{i}" for gid in group_ids for i in range(n)]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"group ids must be unique (after sanitising), got {list(group_ids)}")
+    """``{group_id}.{i}`` per sample, task-major, made safe for a session id.
+
+    A group id given twice in one call (a step whose prompts cross an epoch may draw
+    a prompt twice) gets ``-r{k}`` on its k-th repeat, so sessions stay distinct.
+    """
+    used: set[str] = set()
+    ids = []
+    for gid in group_ids:
+        base = stem = _UNSAFE_ID_CHARS.sub("_", gid)[:96]
+        repeat = 0
+        while stem in used:
+            repeat += 1
+            stem = f"{base}-r{repeat}"
+        used.add(stem)
+        ids += [f"{stem}.{i}" for i in range(n)]
     return ids
 
 

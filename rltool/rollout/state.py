@@ -67,7 +67,9 @@ class RolloutState(BaseModel):
     """One sample. Field names and meanings are exactly the data contract's."""
 
     # NaN/Infinity survive a JSONL round trip, so validate-rollouts can name them
-    model_config = ConfigDict(extra="forbid", validate_assignment=False, ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=False, ser_json_inf_nan="constants"
+    )
 
     # identity
     rollout_id: str

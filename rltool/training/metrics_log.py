@@ -18,7 +18,8 @@ class MetricsWriter:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:  # tensorboard is an optional extra
                 raise ValueError(
-                    "logging.tensorboard=true needs the tensorboard package: pip install tensorboard"
+                    "logging.tensorboard=true needs the tensorboard package: "
+                    "pip install tensorboard"
                 ) from exc
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 

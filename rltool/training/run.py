@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,12 +21,11 @@ import numpy as np
 import torch
 
 from rltool.agent_loops.base import AgentLoop, get_agent_loop
-from rltool.config.loader import load_recipe, recipe_to_yaml
+from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.data import load_examples
 from rltool.engines.hf import HFEngine
 from rltool.models import load_model_and_tokenizer, resolve_builtin_data, resolve_model_path
-from rltool.rollout.io import write_rollouts
 from rltool.rollout.state import RolloutState
 from rltool.training.checkpoint import (
     TrainerState,
@@ -35,11 +33,9 @@ from rltool.training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     restore_rng,
-    save_checkpoint,
 )
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
-from rltool.training.metrics_log import MetricsWriter
 from rltool.training.optim import build_optimizer, build_scheduler
 from rltool.training.sampler import PromptSampler
 from rltool.training.update import PolicyUpdater
@@ -75,7 +71,7 @@ def build_loop(recipe: RecipeConfig, engine: HFEngine, tokenizer: Any) -> AgentL
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     seed_everything(recipe.trainer.seed)
-    model, tokenizer, device = load_model_and_tokenizer(recipe.model)
+    model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     engine = HFEngine(model, tokenizer, batch_size=recipe.rollout.batch_size)
     loop = build_loop(recipe, engine, tokenizer)
     train_tasks = load_examples([resolve_builtin_data(f) for f in recipe.data.train_files])
@@ -198,15 +194,9 @@ def resume(run: Run, run_dir: Path) -> Path:
     return ckpt
 
 
-def load_run_recipe(path: str, overrides: list[str]) -> RecipeConfig:
-    return load_recipe(path, overrides)
-
-
 def generate_batch_from_recipe(path: str, overrides: list[str]):
     """One step's groups from a recipe's model and loop, for ``inspect-batch``."""
     recipe = load_recipe(path, overrides)
     run = build_run(recipe, with_trainer=False)
     groups = generate_step(run)
     return groups, run.tokenizer, ConversionConfig.from_recipe(recipe), run.step
-
-

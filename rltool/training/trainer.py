@@ -91,8 +91,10 @@ def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump:
             groups = generate_step(run)
             t_gen = time.perf_counter() - t_step
             if dump:
-                write_rollouts(run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl",
-                               [s for g in groups for s in g])
+                write_rollouts(
+                    run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl",
+                    [s for g in groups for s in g],
+                )
             result = run.controller.fit(groups, train_step=run.step)
             run.step += 1
             run.engine.sync_weights(run.step)

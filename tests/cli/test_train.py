@@ -31,8 +31,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-ckpt")
     tokenizer = train_demo_tokenizer()
     torch.manual_seed(0)
-    cfg = demo_model_config(tokenizer, hidden_size=32, num_layers=1, num_heads=2,
-                            intermediate_size=64)
+    cfg = demo_model_config(
+        tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -40,12 +41,21 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 def _small(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
     return [
-        "train", RECIPE,
-        f"model.path={ckpt}", f"logging.run_dir={run_dir}", "logging.name=t",
-        f"trainer.steps={steps}", "trainer.eval_every=0", "trainer.time_budget_s=null",
-        "data.prompts_per_step=3", "data.group_size=2", "data.eval_limit=4",
-        "rollout.sampling.max_new_tokens=6", "rollout.eval_sampling.max_new_tokens=6",
-        "optimizer.init_from_checkpoint=false", "trainer.pack_max_length=256",
+        "train",
+        RECIPE,
+        f"model.path={ckpt}",
+        f"logging.run_dir={run_dir}",
+        "logging.name=t",
+        f"trainer.steps={steps}",
+        "trainer.eval_every=0",
+        "trainer.time_budget_s=null",
+        "data.prompts_per_step=3",
+        "data.group_size=2",
+        "data.eval_limit=4",
+        "rollout.sampling.max_new_tokens=6",
+        "rollout.eval_sampling.max_new_tokens=6",
+        "optimizer.init_from_checkpoint=false",
+        "trainer.pack_max_length=256",
         *extra,
     ]
 
@@ -62,8 +72,14 @@ def test_short_run_writes_metrics_checkpoint_and_rollouts(tiny_checkpoint, tmp_p
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if x["kind"] == "train"]
     assert [x["step"] for x in train_lines] == [1, 2]
-    for key in ("data/training_samples", "time/generate", "time/train", "time/step",
-                "actor/pg_loss", "rollout/reward_mean"):
+    for key in (
+        "data/training_samples",
+        "time/generate",
+        "time/train",
+        "time/step",
+        "actor/pg_loss",
+        "rollout/reward_mean",
+    ):
         assert key in train_lines[0], key
     assert train_lines[0]["data/training_samples"] + 2 * train_lines[0]["data/skipped_groups"] == 6
     assert [x["kind"] for x in lines].count("eval") == 2  # before the first and after the last step
@@ -77,7 +93,9 @@ def test_resume_sees_the_batch_an_uninterrupted_run_sees(tiny_checkpoint, tmp_pa
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert _run([*_small(tiny_checkpoint, full, 3), "--dump-rollouts"]).exit_code == 0
     assert _run([*_small(tiny_checkpoint, cut, 2), "--dump-rollouts"]).exit_code == 0
-    resumed = _run([*_small(tiny_checkpoint, cut, 3), "--dump-rollouts", "--resume", str(cut / "t")])
+    resumed = _run(
+        [*_small(tiny_checkpoint, cut, 3), "--dump-rollouts", "--resume", str(cut / "t")]
+    )
     assert resumed.exit_code == 0, resumed.output
     assert "resumed from" in resumed.output
     a = (full / "t" / "rollouts" / "step_000003.jsonl").read_text()

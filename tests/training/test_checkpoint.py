@@ -28,8 +28,13 @@ class _Tok:
 def _model() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     cfg = Qwen2Config(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
     )
     return Qwen2ForCausalLM(cfg)
 
