@@ -96,15 +96,17 @@ def run_rltool(model_dir: Path, seed: int, budget_s: float, max_steps: int) -> R
     while run.step < max_steps:
         t0 = time.perf_counter()
         groups = generate_step(run)
-        fit = run.controller.fit(groups, train_step=run.step)
+        t_gen = time.perf_counter() - t0
+        run.controller.fit(groups, train_step=run.step)
         run.step += 1
         run.engine.sync_weights(run.step)
         step_s.append(time.perf_counter() - t0)
         m = rollout_metrics(run, groups)
         print(
-            f"  rltool step {run.step:3d}  {step_s[-1]:5.2f} s  "
-            f"reward {m['rollout/reward_mean']:.3f}  len {m['rollout/response_tokens_mean']:.1f}  "
-            f"truncated {m['rollout/truncated_frac']:.2f}  loss {fit.metrics.get('actor/loss', 0):.4f}",
+            f"  rltool step {run.step:3d}  {step_s[-1]:5.2f} s (generate {t_gen:.2f})  "
+            f"reward {m['rollout/reward_mean']:.3f}  "
+            f"len {m['rollout/response_tokens_mean']:.1f}  "
+            f"truncated {m['rollout/truncated_frac']:.2f}",
             flush=True,
         )
         if time.perf_counter() - t_start >= budget_s:
@@ -161,9 +163,9 @@ def trl_timer(budget_s: float, step_s: list[float]):
             if logs and "reward" in logs:
                 print(
                     f"  trl    step {state.global_step:3d}  {step_s[-1]:5.2f} s  "
-                    f"reward {logs['reward']:.3f}  len {logs.get('completions/mean_length', 0):.1f}  "
-                    f"truncated {logs.get('completions/clipped_ratio', 0):.2f}  "
-                    f"loss {logs.get('loss', 0):.4f}",
+                    f"reward {logs['reward']:.3f}  "
+                    f"len {logs.get('completions/mean_length', 0):.1f}  "
+                    f"truncated {logs.get('completions/clipped_ratio', 0):.2f}",
                     flush=True,
                 )
 
@@ -288,7 +290,7 @@ def report(ours: Result, trl: Result, start: dict[str, float], args: argparse.Na
         print(f"note: the budget allowed only {n} steps for one trainer; per-step figure over {n}")
     a, b = ours.s_per_step(n), trl.s_per_step(n)
     print(f"\nthreads {args.threads}, seed {args.seed}, 32 prompts x 8 samples per step")
-    print(f"seconds per step (mean of the first {n} steps):")
+    print(f"seconds per step (mean of the first {n} steps; machine load varies):")
     print(f"  rltool  {a:6.2f}   (median {statistics.median(ours.step_s[:n]):.2f})")
     print(f"  trl     {b:6.2f}   (median {statistics.median(trl.step_s[:n]):.2f})")
     print(f"  ratio trl/rltool  {b / a:.2f}")
@@ -298,8 +300,9 @@ def report(ours: Result, trl: Result, start: dict[str, float], args: argparse.Na
     for r in (ours, trl):
         e = r.eval
         print(
-            f"  {r.name:6s}  {e['eval/accuracy']:.3f} after {len(r.step_s)} steps in {r.train_s:.0f} s"
-            f"  (mean len {e['eval/mean_response_len']:.1f}, truncated {e['eval/truncated_frac']:.2f})"
+            f"  {r.name:6s}  {e['eval/accuracy']:.3f} after {len(r.step_s)} steps in "
+            f"{r.train_s:.0f} s  (mean len {e['eval/mean_response_len']:.1f}, "
+            f"truncated {e['eval/truncated_frac']:.2f})"
         )
 
 

@@ -174,7 +174,6 @@ def session_states(
                 task_name=task_name,
                 agent_loop=loop.name,
                 prompt_ids=[],
-                reward=None if reward is None else dict(reward),
                 extra=dict(extra or {}),
             ).fail(why)
         ]

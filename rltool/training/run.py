@@ -113,7 +113,8 @@ def generate_step(run: Run) -> list[list[RolloutState]]:
     d = run.recipe.data
     indices = run.sampler.take(d.prompts_per_step)
     tasks = [run.train_tasks[i] for i in indices]
-    group_ids = [f"s{run.step + 1}-p{i}" for i in indices]
+    # k keeps ids unique when a step crosses an epoch and draws a prompt twice
+    group_ids = [f"s{run.step + 1}-g{k}-p{i}" for k, i in enumerate(indices)]
     return run.loop.generate_groups(tasks, d.group_size, group_ids)
 
 

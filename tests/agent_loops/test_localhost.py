@@ -16,7 +16,12 @@ from loop_fakes import LOGPROB, ContextEngine, decode, spans
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from rltool.agent_loops.base import get_agent_loop
-from rltool.agent_loops.localhost import LocalhostLoop, load_callable, session_tokenizer
+from rltool.agent_loops.localhost import (
+    LocalhostLoop,
+    load_callable,
+    session_ids,
+    session_tokenizer,
+)
 from rltool.agents.calculator import calculate, check_feedback, judge
 from rltool.config.schema import SamplingConfig
 from rltool.demo.model import demo_cache_dir, demo_model_config
@@ -143,6 +148,14 @@ def test_session_tokenizer_substitutes_the_tool_template_only_when_needed(tokeni
     plain.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(ValueError, match="renders no tools and is not ChatML"):
         session_tokenizer(plain)
+
+
+def test_session_ids_are_safe_and_distinct_even_for_repeated_group_ids():
+    # a step crossing an epoch may draw one prompt twice under the same group id
+    assert session_ids(["s2-p0", "s2-p1", "s2-p0", "a/b", "a_b"], 2) == [
+        "s2-p0.0", "s2-p0.1", "s2-p1.0", "s2-p1.1", "s2-p0-r1.0", "s2-p0-r1.1",
+        "a_b.0", "a_b.1", "a_b-r1.0", "a_b-r1.1",
+    ]  # fmt: skip
 
 
 # --- the loop with a scripted engine ---------------------------------------------------------
@@ -272,10 +285,13 @@ def test_real_tiny_model_sessions_pass_the_contract(tokenizer):
 
 @pytest.mark.slow
 def test_train_dump_validate_inspect_localhost_recipe(tmp_path):
-    env = dict(os.environ)  # the demo model comes from (or is built once into) RLTOOL_CACHE
+    # The demo model comes from (or is built once into) RLTOOL_CACHE. One OpenMP thread:
+    # on a shared CPU, torch's spinning worker threads slow a run down many times over.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     train = subprocess.run(
         [*RLTOOL, "train", "recipes/localhost_calculator.yaml", "trainer.steps=2",
-         "data.prompts_per_step=4", "data.group_size=2", "data.eval_limit=4",
+         "data.prompts_per_step=2", "data.group_size=2", "data.eval_limit=2",
+         "rollout.sampling.max_new_tokens=12", "rollout.eval_sampling.max_new_tokens=12",
          "trainer.eval_every=0", f"logging.run_dir={tmp_path}", "--dump-rollouts", "--quiet"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

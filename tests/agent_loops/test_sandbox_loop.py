@@ -212,18 +212,21 @@ def test_evaluate_counts_passed_checks(tokenizer, work_parent):
 
 @pytest.mark.slow
 def test_train_dump_validate_inspect_sandbox_recipe(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as in test_localhost's CLI test
     train = subprocess.run(
         [*RLTOOL, "train", "recipes/sandbox_code.yaml", "trainer.steps=2",
          "data.prompts_per_step=2", "data.group_size=2", "data.eval_limit=2",
+         "rollout.sampling.max_new_tokens=24", "rollout.eval_sampling.max_new_tokens=24",
          "trainer.eval_every=0", f"logging.run_dir={tmp_path}", "--dump-rollouts", "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     dumps = sorted(tmp_path.glob("sandbox_code/rollouts/step_*.jsonl"))
     assert len(dumps) == 2
     validate = subprocess.run(
-        [*RLTOOL, "validate-rollouts", *map(str, dumps)], cwd=REPO, capture_output=True, text=True
-    )
+        [*RLTOOL, "validate-rollouts", *map(str, dumps)], cwd=REPO, env=env,
+        capture_output=True, text=True,
+    )  # fmt: skip
     assert validate.returncode == 0, validate.stdout[-3000:]
     rows = [json.loads(line) for d in dumps for line in d.read_text().splitlines()]
     assert {r["task_name"] for r in rows} == {"coding"}
@@ -232,7 +235,7 @@ def test_train_dump_validate_inspect_sandbox_recipe(tmp_path):
     gaps_seen = 0
     for dump in dumps:  # shifted targets: first reply, masked error feedback, second reply
         inspect = subprocess.run(
-            [*RLTOOL, "inspect-batch", str(dump), "--format", "json"], cwd=REPO,
+            [*RLTOOL, "inspect-batch", str(dump), "--format", "json"], cwd=REPO, env=env,
             capture_output=True, text=True,
         )  # fmt: skip
         assert inspect.returncode == 0, inspect.stderr[-3000:]
