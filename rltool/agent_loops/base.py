@@ -121,8 +121,20 @@ class AgentLoop(ABC):
             raise ValueError(f"agent_loop.options for {cls.name!r}: {exc}") from exc
 
     @abstractmethod
+    def generate_groups(
+        self, tasks: Sequence[Any], n: int, group_ids: Sequence[str], sampling: Any = None
+    ) -> list[list[RolloutState]]:
+        """``n`` canonical RolloutStates per task (one prompt group each), batched."""
+
     def generate_group(self, task: Any, n: int, group_id: str, **kwargs: Any) -> list[RolloutState]:
-        """Sample ``n`` canonical RolloutStates for one task (one prompt group)."""
+        return self.generate_groups([task], n, [group_id], **kwargs)[0]
+
+    @staticmethod
+    def check_group_args(tasks: Sequence[Any], n: int, group_ids: Sequence[str]) -> None:
+        if len(tasks) != len(group_ids):
+            raise ValueError(f"{len(tasks)} tasks but {len(group_ids)} group ids")
+        if n < 1:
+            raise ValueError(f"group size must be >= 1, got {n}")
 
     def pop_metrics(self) -> dict[str, float]:
         """Counters the loop kept since the last call (e.g. reward/errors), then reset."""

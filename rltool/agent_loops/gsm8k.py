@@ -74,11 +74,6 @@ class GSM8KLoop(AgentLoop):
 
     # --- generation ---------------------------------------------------------------------
 
-    def generate_group(
-        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
-    ) -> list[RolloutState]:
-        return self.generate_groups([task], n, [group_id], **kwargs)[0]
-
     def generate_groups(
         self,
         tasks: Sequence[dict[str, Any]],
@@ -87,10 +82,7 @@ class GSM8KLoop(AgentLoop):
         sampling: SamplingConfig | None = None,
     ) -> list[list[RolloutState]]:
         """``n`` canonical, rewarded samples per task from one batched generate call."""
-        if len(tasks) != len(group_ids):
-            raise ValueError(f"{len(tasks)} tasks but {len(group_ids)} group ids")
-        if n < 1:
-            raise ValueError(f"group size must be >= 1, got {n}")
+        self.check_group_args(tasks, n, group_ids)
         messages = [self.prompt_messages(t) for t in tasks]
         prompts = [self.prompt_ids(m) for m in messages]
         repeated = [p for p in prompts for _ in range(n)]  # task-major: task 0 x n, task 1 x n, ...

@@ -249,13 +249,6 @@ def regroup(flat: Sequence[list[RolloutState]], n: int) -> list[list[RolloutStat
     return [[s for sess in flat[g * n : (g + 1) * n] for s in sess] for g in range(len(flat) // n)]
 
 
-def check_group_args(tasks: Sequence[Any], n: int, group_ids: Sequence[str]) -> None:
-    if len(tasks) != len(group_ids):
-        raise ValueError(f"{len(tasks)} tasks but {len(group_ids)} group ids")
-    if n < 1:
-        raise ValueError(f"group size must be >= 1, got {n}")
-
-
 def eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, float]:
     """eval/accuracy: mean session score, a FAILED session counting 0 (one session per task)."""
     scores = np.array(  # [N] one per task
@@ -321,11 +314,6 @@ class LocalhostLoop(AgentLoop):
         self.server_tokenizer = session_tokenizer(tokenizer)
         self.counters = LoopCounters()
 
-    def generate_group(
-        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
-    ) -> list[RolloutState]:
-        return self.generate_groups([task], n, [group_id], **kwargs)[0]
-
     def generate_groups(
         self,
         tasks: Sequence[dict[str, Any]],
@@ -334,7 +322,7 @@ class LocalhostLoop(AgentLoop):
         sampling: SamplingConfig | None = None,
     ) -> list[list[RolloutState]]:
         """``n`` agent sessions per task, run concurrently; their segments grouped per task."""
-        check_group_args(tasks, n, group_ids)
+        self.check_group_args(tasks, n, group_ids)
         sids = session_ids(group_ids, n)
         jobs = [
             _Job(task, gid, sids[g * n + i])

@@ -51,7 +51,6 @@ from typing import Any
 from rltool.agent_loops.base import AgentLoop, register_agent_loop
 from rltool.agent_loops.localhost import (
     LoopCounters,
-    check_group_args,
     count_session,
     error_text,
     eval_metrics,
@@ -284,11 +283,6 @@ class SandboxLoop(AgentLoop):
     def _argv(self, command: Sequence[str]) -> list[str]:
         return [a.replace("{python}", self.python) for a in command]
 
-    def generate_group(
-        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
-    ) -> list[RolloutState]:
-        return self.generate_groups([task], n, [group_id], **kwargs)[0]
-
     def generate_groups(
         self,
         tasks: Sequence[dict[str, Any]],
@@ -297,7 +291,7 @@ class SandboxLoop(AgentLoop):
         sampling: SamplingConfig | None = None,
     ) -> list[list[RolloutState]]:
         """``n`` sandboxed sessions per task, at most ``max_concurrent`` at once."""
-        check_group_args(tasks, n, group_ids)
+        self.check_group_args(tasks, n, group_ids)
         coding = [
             CodingTask.from_record(t, f"task {gid!r}")
             for t, gid in zip(tasks, group_ids, strict=True)

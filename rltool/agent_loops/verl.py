@@ -178,11 +178,6 @@ class VerlAgentLoop(AgentLoop):
 
     # --- running trajectories -----------------------------------------------------------
 
-    def generate_group(
-        self, task: dict[str, Any], n: int, group_id: str, **kwargs: Any
-    ) -> list[RolloutState]:
-        return self.generate_groups([task], n, [group_id], **kwargs)[0]
-
     def generate_groups(
         self,
         tasks: Sequence[dict[str, Any]],
@@ -191,10 +186,7 @@ class VerlAgentLoop(AgentLoop):
         sampling: SamplingConfig | None = None,
     ) -> list[list[RolloutState]]:
         """``n`` canonical, rewarded samples per task; all trajectories run concurrently."""
-        if len(tasks) != len(group_ids):
-            raise ValueError(f"{len(tasks)} tasks but {len(group_ids)} group ids")
-        if n < 1:
-            raise ValueError(f"group size must be >= 1, got {n}")
+        self.check_group_args(tasks, n, group_ids)
         sampling = sampling or self.sampling
         messages = [self.raw_prompt(t) for t in tasks]
         repeated = [m for m in messages for _ in range(n)]  # task-major: task 0 x n, task 1 x n
