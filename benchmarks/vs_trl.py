@@ -97,7 +97,7 @@ def run_rltool(model_dir: Path, seed: int, budget_s: float, max_steps: int) -> R
         t0 = time.perf_counter()
         groups = generate_step(run)
         t_gen = time.perf_counter() - t0
-        run.controller.fit(groups, train_step=run.step)
+        run.controller.fit(groups, train_step=run.step + 1)
         run.step += 1
         run.engine.sync_weights(run.step)
         step_s.append(time.perf_counter() - t0)

@@ -487,7 +487,7 @@ def _packs(
     src = lay.src_N  # [N] model input at src, its target one further: read through [1:] views
     targets_N = flat.labels_F[1:][src]  # [N]
     adv_N = np.repeat(adv_S[lay.order_S].astype(np.float32), flat.T_S[lay.order_S] - 1)  # [N]
-    np.multiply(adv_N, targets_N != IGNORE_INDEX, out=adv_N)
+    adv_N[targets_N == IGNORE_INDEX] = 0.0  # a true 0 (multiplying would leave -0.0)
 
     def teacher(attr: str) -> Callable[[RolloutState], Any]:
         return lambda s: None if s.teacher_targets is None else getattr(s.teacher_targets, attr)

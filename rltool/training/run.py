@@ -200,4 +200,4 @@ def generate_batch_from_recipe(path: str, overrides: list[str]):
     recipe = load_recipe(path, overrides)
     run = build_run(recipe, with_trainer=False)
     groups = generate_step(run)
-    return groups, run.tokenizer, ConversionConfig.from_recipe(recipe), run.step
+    return groups, run.tokenizer, ConversionConfig.from_recipe(recipe), run.step + 1

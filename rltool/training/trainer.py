@@ -95,7 +95,9 @@ def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump:
                     run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl",
                     [s for g in groups for s in g],
                 )
-            result = run.controller.fit(groups, train_step=run.step)
+            # the step being taken is run.step + 1: tokens sampled from the current weights
+            # (version run.step) have staleness 0, as the contract's section 6 says
+            result = run.controller.fit(groups, train_step=run.step + 1)
             run.step += 1
             run.engine.sync_weights(run.step)
             metrics = {**rollout_metrics(run, groups), **result.metrics, "time/generate": t_gen}
