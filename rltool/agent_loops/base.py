@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
+
 from rltool.rollout.contract import check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
@@ -58,19 +60,14 @@ def _import_builtin_loops() -> None:
             importlib.import_module(f"rltool.agent_loops.{mod.name}")
 
 
-def _flat(values: Any) -> list:
-    """A list from a list, tuple, numpy array or torch tensor (any shape)."""
-    if hasattr(values, "tolist"):
+def _flat(values: Any, dtype: type) -> list:
+    """A flat list of Python numbers from a list, tuple, numpy array or torch tensor.
+
+    One C-level conversion: no Python loop over tokens on the generation path.
+    """
+    if hasattr(values, "tolist"):  # a tensor (on any device) or an array
         values = values.tolist()
-    out: list = []
-    stack = [values]
-    while stack:  # iterative flatten of nested lists, in order
-        v = stack.pop()
-        if isinstance(v, list | tuple):
-            stack.extend(reversed(v))
-        else:
-            out.append(v)
-    return out
+    return np.asarray(values, dtype=dtype).reshape(-1).tolist()
 
 
 def build_prompt_response_fields(
@@ -84,21 +81,21 @@ def build_prompt_response_fields(
     logprobs = [0.0]*P + response_logprobs. Raises ValueError on bad input;
     ``canonicalize_train_fields`` turns that into a FAILED sample.
     """
-    prompt = [int(t) for t in _flat(state.prompt_ids)]
+    prompt = _flat(state.prompt_ids, np.int64)
     if state.response_ids is None:
         if state.response_text is None:
             raise ValueError("response_ids and response_text are both missing")
         if tokenize is None:
             raise ValueError("response_ids missing and no tokenizer to build them from text")
         state.response_ids = list(tokenize(state.response_text))
-    response = [int(t) for t in _flat(state.response_ids)]
+    response = _flat(state.response_ids, np.int64)
     state.prompt_ids, state.response_ids = prompt, response
     state.input_ids = prompt + response
     state.labels = [IGNORE_INDEX] * len(prompt) + response
     if response_logprobs is None:
         state.logprobs = None
         return
-    lp = [float(x) for x in _flat(response_logprobs)]
+    lp = _flat(response_logprobs, np.float64)
     if len(lp) != len(response):
         raise ValueError(f"{len(lp)} response logprobs for {len(response)} response tokens")
     state.logprobs = [0.0] * len(prompt) + lp

@@ -182,7 +182,7 @@ def resume(run: Run, run_dir: Path) -> Path:
     ckpt = latest_checkpoint(run_dir)
     from safetensors.torch import load_model
 
-    load_model(run.model, str(ckpt / "model.safetensors"), strict=False)
+    load_model(run.model, str(ckpt / "model.safetensors"))  # strict: every weight restored
     state = load_trainer_state(ckpt)
     updater = run.controller.updater
     updater.optimizer.load_state_dict(state.optimizer)
