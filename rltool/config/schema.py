@@ -32,6 +32,13 @@ class SamplingConfig:
 class RolloutConfig:
     engine: str = "hf"  # in-process Hugging Face generate
     batch_size: int = 64  # sequences per generate call
+    backend: str = "inprocess"  # inprocess (one machine, default) | ray (workers as Ray actors)
+    num_workers: int = 1  # Ray rollout actors (backend: ray)
+    ray_address: str | None = None  # None = start a local Ray; else a cluster address
+    worker_threads: int = 1  # torch threads per rollout worker
+    # partial rollouts: generation runs in chunks of this many new tokens; a weight
+    # sync between chunks continues in-flight samples with the new weights
+    chunk_tokens: int | None = None  # None = whole generations (no pause points)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.0)
@@ -53,6 +60,39 @@ class DataConfig:
     group_size: int = 8
     eval_limit: int = 200  # held-out problems per evaluation (0 = all)
     shuffle: bool = True
+
+
+@dataclass
+class TaskConfig:
+    """One task of a multi-task recipe: its own loop, data, share of the batch."""
+
+    name: str = ""
+    weight: float = 1.0  # share of each step's groups (floor, then largest remainder)
+    agent_loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProduceConfig:
+    """How batches are produced (issue: asynchronous production)."""
+
+    mode: str = "sync"  # sync: generate, train, repeat | async: generation overlaps training
+    oversample: float = 0.0  # extra groups generated per step, as a fraction of the batch
+    group_filter: str = "none"  # none | zero_variance (registered group filters)
+    buffer_order: str = "fifo"  # fifo | stalest
+    expired: str = "retry"  # retry (reset to the prompt) | drop
+    max_inflight_steps: int = 1  # async: how many steps of groups may be generated ahead
+
+
+@dataclass
+class DistillConfig:
+    """On-policy distillation: a teacher scores the student's sampled tokens."""
+
+    teacher_path: str | None = None  # None = off; a local HF checkpoint or builtin:<name>
+    mode: str = "topk"  # topk: forward KL on the teacher's top-k | sampled: reverse KL
+    top_k: int = 8
+    coef: float = 1.0  # weight of the distillation loss beside the policy loss
 
 
 @dataclass
@@ -118,3 +158,7 @@ class RecipeConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    produce: ProduceConfig = field(default_factory=ProduceConfig)
+    # multi-task: when non-empty, replaces agent_loop + data.train_files/eval_files
+    tasks: list[TaskConfig] = field(default_factory=list)
+    distill: DistillConfig = field(default_factory=DistillConfig)

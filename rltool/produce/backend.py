@@ -1,0 +1,88 @@
+"""Where rollouts are generated: the interface the producer drives.
+
+Two backends implement it: ``InProcessBackend`` (the default on one machine:
+engine and agent loops in this process, generation on a background thread in
+async mode) and ``RayBackend`` (``rollout.backend: ray``: rollout workers,
+each an engine plus the agent loops, as Ray actors). The producer and the
+trainer see only this interface, so both backends train the same way.
+
+A request is one group: one prompt of one task, ``n`` samples. Results come
+back as ``GroupOutcome`` in completion order, not submission order. A request
+whose worker died or raised comes back with ``error`` set and no group: the
+producer retries it or counts it failed, never drops it silently.
+
+Weights: ``update_weights`` hands the trainer's weights, stamped with the train
+step that produced them, to every worker. Generation in flight is not
+cancelled: with ``rollout.chunk_tokens`` set, it pauses at the next chunk
+boundary, takes the new weights and continues, so one response carries the
+versions of the weights that produced each of its tokens (e.g. ``[1, 3, 3]``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rltool.config.schema import SamplingConfig
+from rltool.rollout.state import RolloutState
+
+Group = list[RolloutState]
+DEFAULT_TASK = "default"  # the one task of a recipe without a ``tasks:`` list
+
+
+@dataclass(slots=True)
+class GroupRequest:
+    task_name: str  # key of the task (its agent loop) in the backend
+    task: dict[str, Any]  # one dataset row, e.g. {"question", "answer"}
+    group_id: str
+    n: int  # samples in the group
+    sampling: SamplingConfig | None = None  # None = the loop's training sampling
+    attempt: int = 0  # retries so far (worker death, expired group)
+
+
+@dataclass(slots=True)
+class GroupOutcome:
+    request: GroupRequest
+    group: Group | None  # None when error is set
+    error: str | None = None  # why no group came back (worker died, loop raised)
+    gen_time_s: float = 0.0  # wall time from start of generation to the group's end
+    worker: str = ""  # which worker produced it (for reports)
+    metrics: dict[str, float] = field(default_factory=dict)  # the loop's pop_metrics()
+
+
+class RolloutBackend(ABC):
+    """Generates groups with the current rollout weights."""
+
+    @abstractmethod
+    def submit(self, requests: Sequence[GroupRequest]) -> None:
+        """Queue requests; returns at once."""
+
+    @abstractmethod
+    def collect(self, min_groups: int = 1, timeout: float | None = None) -> list[GroupOutcome]:
+        """Finished groups since the last call; blocks until ``min_groups`` are ready
+        (or nothing is in flight, or ``timeout`` seconds pass)."""
+
+    @property
+    @abstractmethod
+    def in_flight(self) -> int:
+        """Requests submitted and not yet collected."""
+
+    @abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        """Give every worker the trainer's weights of train step ``model_step``."""
+
+    @abstractmethod
+    def evaluate(self, task_name: str, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+                 ) -> dict[str, float]:
+        """The task loop's ``evaluate`` on the current rollout weights."""
+
+    def health_metrics(self) -> dict[str, float]:
+        """e.g. ``workers/restarts``; empty for a backend that cannot lose workers."""
+        return {}
+
+    def close(self) -> None:
+        """Stop workers and threads; safe to call twice."""
