@@ -144,11 +144,22 @@ def _all_keys(schema: type = RecipeConfig, prefix: str = "") -> tuple[str, ...]:
     return tuple(out)
 
 
-def _apply(cfg: DictConfig, raw: dict[str, Any], schema: type, prefix: str, source: str) -> None:
-    """Assign ``raw`` onto ``cfg`` one schema field at a time, so any error names its key."""
+def _apply(
+    cfg: DictConfig,
+    raw: dict[str, Any],
+    schema: type,
+    prefix: str,
+    source: str,
+    node_prefix: str | None = None,
+) -> None:
+    """Assign ``raw`` onto ``cfg`` one schema field at a time, so any error names its key.
+
+    ``prefix`` is the key as the user reads it (``tasks[0].weight``), ``node_prefix``
+    its path inside ``cfg`` (default: the same)."""
+    node_prefix = prefix if node_prefix is None else node_prefix
     fields = _field_types(schema)
     for key, value in raw.items():
-        full = f"{prefix}{key}"
+        full, node_key = f"{prefix}{key}", f"{node_prefix}{key}"
         if key not in fields:
             raise ValueError(_unknown_key_message(full, str(key), fields, source))
         typ = fields[key]
@@ -160,14 +171,64 @@ def _apply(cfg: DictConfig, raw: dict[str, Any], schema: type, prefix: str, sour
                     f"{source}: {full} is a section ({typ.__name__}) and takes a mapping of its "
                     f"keys, got {value!r}"
                 )
-            _apply(cfg, value, typ, full + ".", source)
+            _apply(cfg, value, typ, full + ".", source, node_key + ".")
+            continue
+        item_schema = _list_item_schema(typ)
+        if item_schema is not None and value is not None:
+            _apply_list(cfg, value, item_schema, full, node_key, source)
             continue
         try:
-            OmegaConf.update(cfg, full, value, merge=True)
+            OmegaConf.update(cfg, node_key, value, merge=True)
         except OmegaConfBaseException as exc:
             raise ValueError(
                 f"{source}: {full} expects {_type_name(typ)}, got {value!r} ({_first_line(exc)})"
             ) from exc
+
+
+def _list_item_schema(typ: Any) -> type | None:
+    """The dataclass of a ``list[<dataclass>]`` field (``tasks``), else None."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def _apply_list(
+    cfg: DictConfig, value: Any, item: type, full: str, node_key: str, source: str
+) -> None:
+    """A list of sections, each item checked like a section: errors name ``tasks[1].wieght``.
+
+    A YAML list replaces the whole list; a dotlist override ``tasks.0.weight=2`` arrives
+    as ``{"0": {"weight": 2}}`` and edits an item the recipe already lists."""
+    if isinstance(value, dict):
+        current = OmegaConf.select(cfg, node_key)
+        for idx, raw_item in value.items():
+            if not str(idx).isdigit() or int(idx) >= len(current):
+                raise ValueError(
+                    f"{source}: {full}.{idx}: no such item; the recipe lists {len(current)} "
+                    f"{full} (indices 0..{len(current) - 1})"
+                )
+            where = f"{full}[{int(idx)}]"
+            if not isinstance(raw_item, dict):
+                raise ValueError(
+                    f"{source}: {where} is a section ({item.__name__}), got {raw_item!r}"
+                )
+            _apply(cfg, raw_item, item, where + ".", source, f"{node_key}.{int(idx)}.")
+        return
+    if not isinstance(value, list):
+        raise ValueError(
+            f"{source}: {full} takes a list of {item.__name__} mappings, got {value!r}"
+        )
+    checked = []
+    for i, raw_item in enumerate(value):
+        if not isinstance(raw_item, dict):
+            raise ValueError(
+                f"{source}: {full}[{i}] must be a mapping of {item.__name__} keys, got {raw_item!r}"
+            )
+        node = OmegaConf.structured(item)
+        _apply(node, raw_item, item, f"{full}[{i}].", source, "")
+        checked.append(node)
+    OmegaConf.update(cfg, node_key, checked, merge=False)
 
 
 def _unknown_key_message(full: str, key: str, fields: dict[str, Any], source: str) -> str:
@@ -175,9 +236,11 @@ def _unknown_key_message(full: str, key: str, fields: dict[str, Any], source: st
     near = difflib.get_close_matches(key, list(fields), n=1)
     if near:
         suggestion = f"{section}.{near[0]}" if section else near[0]
-    else:  # maybe the right key in the wrong section (trainer.lr -> optimizer.lr)
+    elif "[" not in full:  # maybe the right key in the wrong section (trainer.lr -> optimizer.lr)
         elsewhere = [k for k in _all_keys() if k.rpartition(".")[2] == key]
         suggestion = elsewhere[0] if elsewhere else None
+    else:  # inside a list item (tasks[0].lr): a key of another section is no answer
+        suggestion = None
     hint = f"; did you mean {suggestion!r}?" if suggestion else ""
     where = f"'{section}'" if section else "a recipe"
     return f"{source}: unknown key {full!r}{hint} (valid keys in {where}: {', '.join(fields)})"

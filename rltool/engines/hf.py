@@ -1,9 +1,14 @@
 """In-process rollout engine on Hugging Face ``generate``.
 
-The engine samples from the very model object the trainer updates, so its
-weights are always the trainer's current ones: ``sync_weights`` only records
-the train step that stamps the generated tokens. Shape legend: B = sequences in
-a chunk, P = padded prompt length, T = generated steps, V = vocabulary.
+In a synchronous run the engine samples from the very model object the trainer
+updates, so its weights are always the trainer's current ones: ``sync_weights``
+only records the train step that stamps the generated tokens. In an
+asynchronous run it owns a copy of the model and takes the trainer's weights
+with ``load_weights``; with ``chunk_tokens`` set a generation runs in chunks of
+that many new tokens and weights that arrive meanwhile are applied between two
+chunks (partial rollouts), each token keeping the version that produced it.
+Shape legend: B = sequences in a batch, P = padded context length,
+T = generated steps, V = vocabulary.
 
 Logprobs follow the trainer's convention: ``log_softmax(raw_logits / t)`` at
 the chosen token, with ``t`` the sampling temperature (1 for greedy), computed
@@ -20,7 +25,10 @@ rollouts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -123,8 +131,28 @@ def _check_sampling(sampling: SamplingConfig) -> None:
         raise ValueError(f"sampling.max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
 
 
+@dataclass(slots=True)
+class _RowsSoFar:
+    """What each row of one batch generated so far (lists of R_b entries per row)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    steps: list[list[int]]
+    finished: list[bool]
+
+    @classmethod
+    def empty(cls, rows: int) -> _RowsSoFar:
+        return cls(
+            [[] for _ in range(rows)],
+            [[] for _ in range(rows)],
+            [[] for _ in range(rows)],
+            [False] * rows,
+        )
+
+
 class HFEngine(RolloutEngine):
-    """Batched ``generate`` on the trainer's own model object (no weight copy)."""
+    """Batched ``generate``; on the trainer's own model object (sync, no weight copy) or on a
+    copy that takes the trainer's weights through ``load_weights`` (async)."""
 
     def __init__(
         self,
@@ -132,16 +160,24 @@ class HFEngine(RolloutEngine):
         tokenizer: PreTrainedTokenizerBase,
         batch_size: int = 64,
         model_step: int = 0,
+        chunk_tokens: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"rollout.batch_size must be >= 1, got {batch_size}")
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.chunk_tokens = chunk_tokens
         self._model_step = model_step
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_ids[0] if pad is None else pad
+        # weights handed over while a generate runs wait here for the next chunk boundary
+        self._lock = threading.Lock()
+        self._generating = False
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
 
     @property
     def model_step(self) -> int:
@@ -153,6 +189,51 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"sync_weights({model_step}) goes back from step {self._model_step}")
         self._model_step = model_step
 
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        """Copy the trainer's weights of ``model_step`` into this engine's model; thread-safe.
+
+        Idle: copied now. During a ``generate``: a snapshot waits and is applied at the
+        next chunk boundary (``chunk_tokens``) or when the call ends; a later call
+        replaces a snapshot still waiting.
+        """
+        with self._lock:
+            latest = self._pending[1] if self._pending is not None else self._model_step
+            if model_step < latest:
+                raise ValueError(f"load_weights({model_step}) goes back from step {latest}")
+            if self._generating:
+                snapshot = {k: v.detach().clone() for k, v in state_dict.items()}
+                self._pending = (snapshot, model_step)
+            else:
+                self._copy_in(state_dict, model_step)
+
+    def _copy_in(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        self.model.load_state_dict(state_dict, strict=True)  # in-place copy, every weight
+        self._model_step = model_step
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            if self._pending is not None:
+                self._copy_in(*self._pending)
+                self._pending = None
+
+    @contextmanager
+    def _generating_now(self) -> Iterator[None]:
+        with self._lock:
+            if self._generating:
+                raise RuntimeError("HFEngine.generate is already running; one call at a time")
+            self._generating = True
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+            with self._lock:
+                self._generating = False
+                if self._pending is not None:
+                    self._copy_in(*self._pending)
+                    self._pending = None
+
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
@@ -160,30 +241,69 @@ class HFEngine(RolloutEngine):
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with self._generating_now():
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
-                out += self._generate_chunk(prompts[start : start + self.batch_size], sampling)
+                self._apply_pending()
+                out += self._generate_batch(prompts[start : start + self.batch_size], sampling)
             return out
-        finally:
-            self.model.train(was_training)
 
-    @torch.no_grad()
-    def _generate_chunk(
+    def _generate_batch(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
+        """Whole generations, or chunks of ``chunk_tokens`` new tokens: after each chunk the
+        unfinished rows continue from prompt + tokens so far (finished rows drop out),
+        with any weights that arrived meanwhile."""
+        rows = _RowsSoFar.empty(len(prompts))
+        chunk = self.chunk_tokens or sampling.max_new_tokens
+        while True:
+            active = [
+                r
+                for r in range(len(prompts))
+                if not rows.finished[r] and len(rows.tokens[r]) < sampling.max_new_tokens
+            ]
+            if not active:
+                break
+            done = len(rows.tokens[active[0]])
+            assert all(len(rows.tokens[r]) == done for r in active), "unfinished rows out of step"
+            self._apply_pending()
+            contexts = [[*prompts[r], *rows.tokens[r]] for r in active]
+            budget = min(chunk, sampling.max_new_tokens - done)
+            new, logprobs, finished = self._generate_rows(contexts, sampling, budget)
+            for r, t, lp, fin in zip(active, new, logprobs, finished, strict=True):
+                rows.tokens[r] += t
+                rows.logprobs[r] += lp
+                rows.steps[r] += [self._model_step] * len(t)
+                rows.finished[r] = fin
+        return [
+            Generation(
+                token_ids=rows.tokens[r],
+                logprobs=rows.logprobs[r],
+                model_steps=rows.steps[r],
+                finish_reason="stop" if rows.finished[r] else "length",
+                text=self.tokenizer.decode(rows.tokens[r], skip_special_tokens=True),
+            )
+            for r in range(len(prompts))
+        ]
+
+    @torch.no_grad()
+    def _generate_rows(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingConfig, max_new: int
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """One ``generate`` call of at most ``max_new`` tokens: per row the new tokens (up to
+        and including EOS or the stop string), their logprobs, and whether the row ended."""
         device = self.model.device
-        ids, mask = _left_pad(prompts, self.pad_id)  # [B, P]
+        ids, mask = _left_pad(contexts, self.pad_id)  # [B, P]
         stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
         recorder = _FinishRecorder(
-            ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(prompts)
+            ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(contexts)
         )
+        cfg = _generation_config(sampling, self.eos_ids, self.pad_id)
+        cfg.max_new_tokens = max_new
         res = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
-            generation_config=_generation_config(sampling, self.eos_ids, self.pad_id),
+            generation_config=cfg,
             stopping_criteria=[recorder],
         )
         new = res.sequences[:, ids.shape[1] :]  # [B, T]
@@ -194,17 +314,7 @@ class HFEngine(RolloutEngine):
         logprobs = (chosen - logits.logsumexp(-1)).cpu()  # [B, T]
         new = new.cpu()
         finished = recorder.lengths > 0  # [B]
-        lengths = torch.where(finished, recorder.lengths, new.shape[1])  # [B]
-        gens = []
-        for row, n in enumerate(lengths.tolist()):
-            token_ids = new[row, :n].tolist()
-            gens.append(
-                Generation(
-                    token_ids=token_ids,
-                    logprobs=logprobs[row, :n].tolist(),
-                    model_steps=[self._model_step] * n,
-                    finish_reason="stop" if finished[row] else "length",
-                    text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
-                )
-            )
-        return gens
+        lengths = torch.where(finished, recorder.lengths, new.shape[1]).tolist()  # [B]
+        tokens = [new[row, :n].tolist() for row, n in enumerate(lengths)]
+        lps = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
+        return tokens, lps, finished.tolist()

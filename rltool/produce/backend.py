@@ -76,13 +76,14 @@ class RolloutBackend(ABC):
         """Give every worker the trainer's weights of train step ``model_step``."""
 
     @abstractmethod
-    def evaluate(self, task_name: str, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
-                 ) -> dict[str, float]:
+    def evaluate(
+        self, task_name: str, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
         """The task loop's ``evaluate`` on the current rollout weights."""
 
     def health_metrics(self) -> dict[str, float]:
         """e.g. ``workers/restarts``; empty for a backend that cannot lose workers."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a backend holding nothing needs no close
         """Stop workers and threads; safe to call twice."""

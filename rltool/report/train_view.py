@@ -35,10 +35,23 @@ def _fmt(metrics: dict[str, float], key: str, fmt: str) -> str | None:
     return fmt.format(value)
 
 
+def staleness_figure(metrics: dict[str, float]) -> str | None:
+    """``0:96 1:32 2+:0 exp 2 mask 5``: response tokens by staleness, samples expired and
+    tokens masked as too stale; None when the step has no staleness figures."""
+    keys = ("staleness/tokens_s0", "staleness/tokens_s1", "staleness/tokens_s2plus")
+    if not all(k in metrics for k in keys):
+        return None
+    s0, s1, s2 = (int(metrics[k]) for k in keys)
+    expired = int(metrics.get("staleness/expired_samples", 0))
+    masked = int(metrics.get("staleness/stale_tokens_masked", 0))
+    return f"0:{s0} 1:{s1} 2+:{s2} exp {expired} mask {masked}"
+
+
 class TrainView:
     def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
         self.console = console or Console(highlight=False)
         self.quiet = quiet
+        self.show_staleness = False  # async runs: token staleness and overlap on each step line
 
     def phase(self, text: str) -> None:
         if not self.quiet:
@@ -47,6 +60,10 @@ class TrainView:
     def note(self, text: str) -> None:
         if not self.quiet:
             self.console.print(f"[dim]{text}[/]")
+
+    def warn(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[yellow]{text}[/]")
 
     @contextmanager
     def progress(self, total: int, done: int = 0) -> Iterator[Callable[[], None]]:
@@ -68,6 +85,10 @@ class TrainView:
             text = _fmt(metrics, key, fmt)
             if text is not None:
                 parts.append(f"{label} [cyan]{text}[/]")
+        figure = staleness_figure(metrics) if self.show_staleness else None
+        if figure is not None:
+            parts.append(f"stale [cyan]{figure}[/]")
+            parts.append(f"overlap [cyan]{metrics.get('time/overlap', 0.0):.1f}s[/]")
         self.console.print("  ".join(parts))
         if skipped:
             reasons: dict[str, int] = {}
@@ -100,7 +121,7 @@ class TrainView:
         table.add_row("held-out accuracy", f"{first:.3f} -> {last:.3f} ({last - first:+.3f})")
         if history:
             table.add_row("reward, first -> last step", _first_last(history, "rollout/reward_mean"))
-            for key in ("time/generate", "time/train", "time/step"):
+            for key in ("time/generate", "time/train", "time/overlap", "time/step"):
                 mean = sum(h.get(key, 0.0) for h in history) / len(history)
                 table.add_row(f"{key} (mean)", f"{mean:.2f}s")
         self.console.print(table)

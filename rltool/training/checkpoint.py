@@ -3,7 +3,8 @@
 Layout under ``<run_dir>/checkpoints/``::
 
     step_000010/            model (safetensors, HF format) + tokenizer
-    step_000010/trainer_state.pt   optimizer, scheduler, RNG states, step, data position
+    step_000010/trainer_state.pt   optimizer, scheduler, RNG states, step, data position,
+                                   producer (replay buffer, accounting, task sampler)
     latest                  name of the newest complete checkpoint
 
 A checkpoint is written into a hidden temporary directory and renamed into
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ class TrainerState:
     data: dict[str, Any]  # prompt sampler position
     rng: dict[str, Any]
     extra: dict[str, Any]  # e.g. best eval so far
+    # the producer's state: replay buffer, accounting, task sampler, requests in flight
+    producer: dict[str, Any] = field(default_factory=dict)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -84,6 +87,7 @@ def save_checkpoint(
             "data": state.data,
             "rng": state.rng,
             "extra": state.extra,
+            "producer": state.producer,
         },
         tmp / STATE_FILE,
     )
@@ -126,4 +130,5 @@ def load_trainer_state(ckpt: Path) -> TrainerState:
         data=raw["data"],
         rng=raw["rng"],
         extra=raw.get("extra", {}),
+        producer=raw.get("producer", {}),
     )

@@ -1,4 +1,5 @@
-"""The step loop of ``rltool train``: generate, fit, evaluate, log, checkpoint."""
+"""The step loop of ``rltool train``: produce, fit, hand over weights, evaluate, log,
+checkpoint."""
 
 from __future__ import annotations
 
@@ -17,9 +18,7 @@ from rltool.training.run import (
     StopRequest,
     build_run,
     evaluate,
-    generate_step,
     resume,
-    rollout_metrics,
     trainer_state,
 )
 
@@ -53,6 +52,16 @@ def train(
     view = view or TrainView(quiet=False)
     view.phase("loading model and data")
     run = build_run(recipe)
+    try:
+        return _train(run, recipe, resume_dir, dump_rollouts, view)
+    finally:
+        run.close()
+
+
+def _train(
+    run: Run, recipe: RecipeConfig, resume_dir: Path | None, dump_rollouts: bool, view: TrainView
+) -> TrainOutcome:
+    view.show_staleness = recipe.produce.mode == "async"
     run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_dir is not None:
@@ -77,6 +86,31 @@ def _evaluate(run: Run, writer: MetricsWriter, view: TrainView) -> dict[str, flo
     return metrics
 
 
+def _step(run: Run, run_dir: Path, view: TrainView, dump: bool) -> tuple[dict[str, float], list]:
+    """One train step: the producer's batch, fit, then the new weights to the workers."""
+    t_step = time.perf_counter()
+    produced = run.producer.produce(run.step + 1)
+    t_gen = time.perf_counter() - t_step
+    for error in run.producer.errors:
+        view.warn(f"rollout: {error}")
+    groups = produced.groups
+    if dump:
+        write_rollouts(
+            run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl", [s for g in groups for s in g]
+        )
+    # the step being taken is run.step + 1: tokens sampled from the current weights
+    # (version run.step) have staleness 0, as the contract's section 6 says
+    train_start = time.time()
+    result = run.controller.fit(groups, train_step=run.step + 1)
+    overlap = run.producer.generation_overlap(train_start, time.time())
+    run.step += 1
+    run.producer.update_weights(run.model, run.step)
+    metrics = {**produced.metrics(), **result.metrics}
+    metrics |= {"time/generate": t_gen, "time/overlap": overlap}
+    metrics["time/step"] = time.perf_counter() - t_step
+    return metrics, result.batch.skipped_groups
+
+
 def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump: bool):
     cfg = run.recipe.trainer
     ckpt_root = run_dir / "checkpoints"
@@ -87,24 +121,10 @@ def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump:
     stop = StopRequest()
     with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
         while run.step < cfg.steps:
-            t_step = time.perf_counter()
-            groups = generate_step(run)
-            t_gen = time.perf_counter() - t_step
-            if dump:
-                write_rollouts(
-                    run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl",
-                    [s for g in groups for s in g],
-                )
-            # the step being taken is run.step + 1: tokens sampled from the current weights
-            # (version run.step) have staleness 0, as the contract's section 6 says
-            result = run.controller.fit(groups, train_step=run.step + 1)
-            run.step += 1
-            run.engine.sync_weights(run.step)
-            metrics = {**rollout_metrics(run, groups), **result.metrics, "time/generate": t_gen}
-            metrics["time/step"] = time.perf_counter() - t_step
+            metrics, skipped = _step(run, run_dir, view, dump)
             run.history.append(metrics)
             writer.write(run.step, metrics, kind="train")
-            view.step_line(run.step, metrics, result.batch.skipped_groups)
+            view.step_line(run.step, metrics, skipped)
             advance()
             if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
                 last_eval = _evaluate(run, writer, view)

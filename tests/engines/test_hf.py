@@ -193,3 +193,117 @@ def test_bad_sampling_is_a_clear_error(model, tokenizer, sampling, match):
 def test_empty_prompt_is_named(model, tokenizer):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         HFEngine(model, tokenizer).generate([prompt(tokenizer), []], SamplingConfig())
+
+
+# ---------------------------------------------------------------- chunks and load_weights
+
+
+def _other_weights(tokenizer) -> dict[str, torch.Tensor]:
+    """A second model's weights, same shapes: a different policy the engine can load."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        return Qwen2ForCausalLM(demo_model_config(tokenizer, 32, 2, 2, 64)).state_dict()
+
+
+def _copy_of(model) -> Qwen2ForCausalLM:
+    m = Qwen2ForCausalLM(model.config)
+    m.load_state_dict(model.state_dict())
+    return m
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5])
+def test_greedy_chunked_equals_unchunked(model, tokenizer, chunk):
+    prompts = [prompt(tokenizer), prompt(tokenizer, OTHER.question), prompt(tokenizer, "Hi")]
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=14)
+    whole = HFEngine(model, tokenizer, model_step=2).generate(prompts, sampling)
+    chunked = HFEngine(model, tokenizer, model_step=2, chunk_tokens=chunk).generate(
+        prompts, sampling
+    )
+    assert [g.token_ids for g in chunked] == [g.token_ids for g in whole]
+    assert [g.finish_reason for g in chunked] == [g.finish_reason for g in whole]
+    assert [g.text for g in chunked] == [g.text for g in whole]
+    assert [g.model_steps for g in chunked] == [[2] * len(g.token_ids) for g in whole]
+    torch.testing.assert_close(
+        torch.tensor([x for g in chunked for x in g.logprobs]),
+        torch.tensor([x for g in whole for x in g.logprobs]),
+        atol=1e-4,
+        rtol=0,
+    )
+    assert whole[0].finish_reason == "stop" and len(whole[0].token_ids) > 2 * chunk
+
+
+def test_load_weights_when_idle_copies_now(model, tokenizer):
+    engine = HFEngine(_copy_of(model), tokenizer, model_step=1)
+    other = _other_weights(tokenizer)
+    engine.load_weights(other, 4)
+    assert engine.model_step == 4
+    for name, value in engine.model.state_dict().items():
+        torch.testing.assert_close(value, other[name], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="goes back"):
+        engine.load_weights(other, 3)
+
+
+def test_weights_loaded_mid_generation_apply_at_the_next_chunk(model, tokenizer):
+    """Chunks of 2 tokens; weights of step 3 arrive after the first chunk: steps [1, 1, 3, 3],
+    and the last two tokens are the new policy's greedy continuation of the first two."""
+    engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2)
+    other = _other_weights(tokenizer)
+    first_chunk = engine._generate_rows
+    calls = []
+
+    def load_after_first_chunk(*args):
+        out = first_chunk(*args)
+        calls.append(len(calls))
+        if len(calls) == 1:
+            engine.load_weights(other, 3)
+            assert engine.model_step == 1  # deferred: the generation is still running
+        return out
+
+    engine._generate_rows = load_after_first_chunk
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    [gen] = engine.generate([prompt(tokenizer)], sampling)
+    assert gen.model_steps == [1, 1, 3, 3]
+    assert (
+        gen.token_ids[:2]
+        == HFEngine(model, tokenizer)
+        .generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=2))[0]
+        .token_ids
+    )
+    new_policy = HFEngine(_copy_of(model), tokenizer)
+    new_policy.load_weights(other, 3)
+    [rest] = new_policy.generate(
+        [prompt(tokenizer) + gen.token_ids[:2]],
+        sampling.__class__(temperature=0.0, max_new_tokens=2),
+    )
+    assert gen.token_ids[2:] == rest.token_ids
+    assert engine.model_step == 3
+
+
+def test_load_weights_from_another_thread_waits_for_a_chunk_boundary(model, tokenizer):
+    import threading
+
+    engine = HFEngine(_copy_of(model), tokenizer, model_step=0, chunk_tokens=3)
+    started, loaded = threading.Event(), threading.Event()
+    first_chunk = engine._generate_rows
+
+    def pause_in_first_chunk(*args):
+        if not started.is_set():
+            started.set()
+            assert loaded.wait(30), "the main thread never loaded weights"
+        return first_chunk(*args)
+
+    engine._generate_rows = pause_in_first_chunk
+    out = []
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=9)
+    worker = threading.Thread(
+        target=lambda: out.extend(engine.generate([prompt(tokenizer)], sampling))
+    )
+    worker.start()
+    assert started.wait(30)
+    engine.load_weights(_other_weights(tokenizer), 2)  # returns at once: a chunk is running
+    assert engine.model_step == 0
+    loaded.set()
+    worker.join(60)
+    [gen] = out
+    assert gen.model_steps[:3] == [0, 0, 0]
+    assert set(gen.model_steps[3:]) <= {2} and engine.model_step == 2

@@ -1,0 +1,366 @@
+"""``rollout.backend: ray``: rollout workers as Ray actors.
+
+Each actor holds one ``RolloutWorker`` (an engine plus the agent loops of every
+task) in its own process, with ``torch.set_num_threads(rollout.worker_threads)``.
+``submit`` cuts a list of requests into one contiguous batch per worker (least
+loaded first), so each worker generates its share in one batched call;
+``collect`` waits on those calls with ``ray.wait``.
+
+Weights: ``update_weights`` puts the state dict in Ray's object store once and
+every actor loads that one copy. Generation and weight loading run in separate
+concurrency groups of the actor (one thread each), so weights reach a worker
+while it generates: the engine applies them at its next chunk boundary
+(partial rollouts).
+
+Worker death: a call that fails because its actor died (``RayActorError``:
+killed, crashed, out of memory) returns every request of that call as a
+``GroupOutcome`` with ``error`` set; the worker is replaced by a new actor
+under the same name that starts from the current weights, and the restart is
+counted in ``health_metrics``. No request is dropped: each comes back exactly
+once, as a group or as an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
+from rltool.produce.ray_setup import RaySession, connect_ray
+
+log = logging.getLogger(__name__)
+
+WorkerFactory = Callable[[RecipeConfig, str], Any]  # (recipe, name) -> a RolloutWorker-like object
+MAX_RESTARTS_IN_A_ROW = 3  # a worker that dies this often without finishing a call stops the run
+MAX_REASON_CHARS = 240
+
+
+def spread(n_requests: int, loads: Sequence[int]) -> list[tuple[int, slice]]:
+    """Cut ``n_requests`` into one contiguous, near-equal batch per worker.
+
+    Returns ``(worker index, slice of the requests)``; the largest batches go
+    to the least loaded workers (``loads``: requests in flight per worker, ties
+    by index). E.g. 7 requests, loads ``[5, 0, 2]``: worker 1 gets 0:3,
+    worker 2 gets 3:5, worker 0 gets 5:7.
+    """
+    k = min(len(loads), n_requests)
+    base, extra = divmod(n_requests, k) if k else (0, 0)
+    order = sorted(range(len(loads)), key=lambda w: (loads[w], w))[:k]
+    out, start = [], 0
+    for rank, worker in enumerate(order):
+        size = base + (rank < extra)
+        out.append((worker, slice(start, start + size)))
+        start += size
+    return out
+
+
+def failed_outcomes(
+    requests: Sequence[GroupRequest], worker: str, error: str
+) -> list[GroupOutcome]:
+    """One error outcome per request: the producer retries it or counts it failed."""
+    return [GroupOutcome(request=r, group=None, error=error, worker=worker) for r in requests]
+
+
+def death_reason(err: BaseException) -> str:
+    """Ray's death message in one line: what happened and why (its first and last lines)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    reason = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+    # a crashed process's last line goes on to list common causes: keep the start
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 3] + "..."
+
+
+def task_error(err: RayTaskError) -> str:
+    """The exception a remote call raised, as ``Type: message`` (Ray's wrapper dropped)."""
+    cause = getattr(err, "cause", None)
+    return f"{type(cause).__name__}: {cause}" if cause is not None else death_reason(err)
+
+
+class _WorkerActor:
+    """A RolloutWorker in its own process; methods run in two concurrency groups
+    ("generate": generate and evaluate, one at a time; "weights": load_weights),
+    so new weights arrive while a generation runs."""
+
+    def __init__(
+        self,
+        recipe: RecipeConfig,
+        name: str,
+        factory: WorkerFactory | None,
+        weights: Mapping[str, torch.Tensor] | None,
+        model_step: int,
+    ):
+        torch.set_num_threads(recipe.rollout.worker_threads)
+        if factory is None:
+            from rltool.produce.worker import RolloutWorker  # the actor process imports it
+
+            factory = lambda r, n: RolloutWorker(r, name=n)  # noqa: E731
+        self.worker = factory(recipe, name)
+        if weights is not None:  # a restarted worker continues from the current weights
+            self.worker.load_weights(weights, model_step)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def model_step(self) -> int:
+        return self.worker.model_step
+
+    @ray.method(concurrency_group="generate")
+    def generate(self, requests: list[GroupRequest]) -> list[GroupOutcome]:
+        return self.worker.generate(requests)
+
+    @ray.method(concurrency_group="generate")
+    def evaluate(
+        self, task_name: str, tasks: list[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        return self.worker.evaluate(task_name, tasks, sampling)
+
+    @ray.method(concurrency_group="weights")
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        self.worker.load_weights(state_dict, model_step)
+
+
+_RemoteWorker = ray.remote(concurrency_groups={"generate": 1, "weights": 1})(_WorkerActor)
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One worker name and the actor currently serving it."""
+
+    name: str
+    actor: Any  # ray ActorHandle
+    incarnation: int = 0  # restarts of this worker so far
+    in_flight: int = 0  # requests submitted to it and not yet collected
+    deaths_in_a_row: int = 0  # deaths since its last finished call
+
+
+@dataclass(slots=True)
+class _Call:
+    """One generate call in flight: which worker (and which actor of it) has which requests."""
+
+    slot: int
+    incarnation: int
+    requests: list[GroupRequest]
+
+
+class RayBackend(RolloutBackend):
+    """Rollout workers as Ray actors on a local Ray (default) or ``rollout.ray_address``."""
+
+    def __init__(self, recipe: RecipeConfig, worker_factory: WorkerFactory | None = None):
+        """``worker_factory(recipe, name)`` builds each actor's worker (default: RolloutWorker);
+        it must be importable in the actor processes (tests pass fakes through it)."""
+        rollout = recipe.rollout
+        if rollout.num_workers < 1:
+            raise ValueError(f"rollout.num_workers must be >= 1, got {rollout.num_workers}")
+        if rollout.worker_threads < 1:
+            raise ValueError(f"rollout.worker_threads must be >= 1, got {rollout.worker_threads}")
+        self._recipe = recipe
+        self._factory = worker_factory
+        self._weights: tuple[ray.ObjectRef, int] | None = None  # (ref, model_step) for restarts
+        self._pending: dict[ray.ObjectRef, _Call] = {}
+        self._ready: list[GroupOutcome] = []  # fetched, not yet collected
+        self._restarts = 0
+        self._lost = 0  # requests returned as errors because their worker died
+        self._closed = False
+        start = time.perf_counter()
+        self._session: RaySession = connect_ray(rollout)
+        self._slots = [
+            _Slot(f"worker-{i}", self._spawn(f"worker-{i}")) for i in range(rollout.num_workers)
+        ]
+        try:
+            ray.get([s.actor.pid.remote() for s in self._slots])
+        except RayActorError as e:
+            self.close()
+            raise RuntimeError(f"a Ray rollout worker failed to start: {e}") from e
+        self.ray_start_s = self._session.start_s  # ray.init alone
+        self.startup_s = time.perf_counter() - start  # ray.init plus every actor ready
+
+    # --- RolloutBackend ------------------------------------------------------------------
+
+    def submit(self, requests: Sequence[GroupRequest]) -> None:
+        self._check_open()
+        requests = list(requests)
+        for w, part in spread(len(requests), [s.in_flight for s in self._slots]):
+            slot = self._slots[w]
+            batch = requests[part]
+            ref = slot.actor.generate.remote(batch)
+            self._pending[ref] = _Call(w, slot.incarnation, batch)
+            slot.in_flight += len(batch)
+
+    def collect(self, min_groups: int = 1, timeout: float | None = None) -> list[GroupOutcome]:
+        self._check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending and len(self._ready) < min_groups:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            done, _ = ray.wait(list(self._pending), num_returns=1, timeout=left)
+            for ref in done:
+                self._finish(ref)
+        if self._pending:  # whatever else has finished by now, without waiting
+            done, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
+            for ref in done:
+                self._finish(ref)
+        out, self._ready = self._ready, []
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(c.requests) for c in self._pending.values()) + len(self._ready)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        """One copy in the object store, loaded by every actor; returns once all have it."""
+        self._check_open()
+        cpu = {k: v.detach().to("cpu") for k, v in state_dict.items()}
+        ref = ray.put(cpu)
+        self._weights = (ref, model_step)
+        acks = [(s, s.actor.load_weights.remote(ref, model_step)) for s in self._slots]
+        for slot, ack in acks:
+            try:
+                ray.get(ack)
+            except RayActorError as e:  # the replacement starts from these weights
+                self._restart(slot, e)
+
+    def evaluate(
+        self, task_name: str, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        """On the least loaded worker; a worker that dies meanwhile is restarted and asked again."""
+        self._check_open()
+        slot = min(self._slots, key=lambda s: s.in_flight)
+        args = (task_name, list(tasks), sampling)
+        try:
+            return ray.get(slot.actor.evaluate.remote(*args))
+        except RayActorError as e:
+            self._restart(slot, e)
+        try:
+            return ray.get(slot.actor.evaluate.remote(*args))
+        except RayActorError as e:
+            self._restart(slot, e)
+            raise RuntimeError(
+                f"evaluate on {slot.name}: the worker died twice ({death_reason(e)})"
+            ) from e
+
+    def health_metrics(self) -> dict[str, float]:
+        return {
+            "workers/restarts": float(self._restarts),
+            "workers/lost_requests": float(self._lost),
+            "workers/startup_s": self.startup_s,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for slot in self._slots:
+            ray.kill(slot.actor)
+        self._pending.clear()
+        if self._session.owned:
+            ray.shutdown()
+
+    # --- inspection (reports, tests, fault drills) ----------------------------------------
+
+    def worker_names(self) -> list[str]:
+        return [s.name for s in self._slots]
+
+    def worker_steps(self) -> dict[str, int]:
+        """Each worker's model step (the weights it samples from)."""
+        self._check_open()
+        return dict(
+            zip(
+                self.worker_names(),
+                ray.get([s.actor.model_step.remote() for s in self._slots]),
+                strict=True,
+            )
+        )
+
+    def worker_pids(self) -> dict[str, int]:
+        """Process id of each worker's actor (``kill -9`` one to drill a worker death)."""
+        self._check_open()
+        return dict(
+            zip(
+                self.worker_names(),
+                ray.get([s.actor.pid.remote() for s in self._slots]),
+                strict=True,
+            )
+        )
+
+    def actor(self, name: str) -> Any:
+        """The Ray actor handle currently serving worker ``name``."""
+        for slot in self._slots:
+            if slot.name == name:
+                return slot.actor
+        raise ValueError(
+            f"no rollout worker named {name!r}; workers: {', '.join(self.worker_names())}"
+        )
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _spawn(self, name: str) -> Any:
+        ref, step = self._weights if self._weights is not None else (None, 0)
+        threads = self._recipe.rollout.worker_threads
+        return _RemoteWorker.options(num_cpus=threads).remote(
+            self._recipe, name, self._factory, ref, step
+        )
+
+    def _finish(self, ref: ray.ObjectRef) -> None:
+        """Turn one finished generate call into outcomes, one per request."""
+        call = self._pending.pop(ref)
+        slot = self._slots[call.slot]
+        slot.in_flight -= len(call.requests)
+        try:
+            outcomes = ray.get(ref)
+        except RayActorError as e:
+            self._lost += len(call.requests)
+            error = f"worker {slot.name} died: {death_reason(e)}"
+            self._ready += failed_outcomes(call.requests, slot.name, error)
+            if call.incarnation == slot.incarnation:  # not yet replaced by an earlier failure
+                self._restart(slot, e)
+            return
+        except RayTaskError as e:  # the worker broke its contract and raised
+            error = f"worker {slot.name} raised: {task_error(e)}"
+            self._ready += failed_outcomes(call.requests, slot.name, error)
+            return
+        except RayError as e:  # e.g. the result was lost with its node
+            error = f"worker {slot.name} call failed: {death_reason(e)}"
+            self._ready += failed_outcomes(call.requests, slot.name, error)
+            return
+        slot.deaths_in_a_row = 0
+        self._ready += self._complete(call, slot.name, outcomes)
+
+    @staticmethod
+    def _complete(call: _Call, worker: str, outcomes: list[GroupOutcome]) -> list[GroupOutcome]:
+        """The worker's outcomes, named, plus an error outcome for any request it left out."""
+        for o in outcomes:
+            o.worker = o.worker or worker
+        returned = {o.request.group_id for o in outcomes}
+        missing = [r for r in call.requests if r.group_id not in returned]
+        error = f"worker {worker} returned no outcome for this group"
+        return outcomes + failed_outcomes(missing, worker, error)
+
+    def _restart(self, slot: _Slot, err: BaseException) -> None:
+        """Replace a dead worker's actor: same name, current weights."""
+        slot.deaths_in_a_row += 1
+        reason = death_reason(err)
+        if slot.deaths_in_a_row > MAX_RESTARTS_IN_A_ROW:
+            raise RuntimeError(
+                f"rollout worker {slot.name} died {slot.deaths_in_a_row} times in a row without "
+                f"finishing a call; last: {reason}"
+            ) from err
+        log.warning("rollout worker %s died (%s); restarting it", slot.name, reason)
+        ray.kill(slot.actor)  # a crashed actor may linger half-dead; make sure
+        slot.actor = self._spawn(slot.name)
+        slot.incarnation += 1
+        self._restarts += 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the Ray rollout backend is closed")

@@ -1,0 +1,136 @@
+"""A rollout worker: an engine plus the agent loops of every task; no trainer, no optimizer.
+
+Both backends wrap it: ``InProcessBackend`` calls it in this process (on a
+background thread in async mode), ``RayBackend`` holds one per Ray actor.
+``generate`` batches the requests that share a task, group size and sampling
+into ONE ``generate_groups`` call (one batched engine call), and never raises
+for a loop's failure: the requests of a batch whose loop raised come back as
+outcomes with ``error`` set, so the producer can retry them or count them failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.engines.hf import HFEngine
+from rltool.produce.backend import GroupOutcome, GroupRequest
+from rltool.produce.tasks import build_task_loops
+
+# GroupOutcome.metrics key: wall-clock time (time.time()) at which the group's
+# generation ended, so the producer can measure generation/training overlap
+# across processes. The producer pops it before aggregating loop metrics.
+FINISHED_AT = "time/finished_at"
+
+
+def _batch_key(r: GroupRequest) -> tuple[str, int, str]:
+    # SamplingConfig is a mutable dataclass (unhashable): its repr names every field
+    return r.task_name, r.n, repr(r.sampling)
+
+
+def batches(requests: Sequence[GroupRequest]) -> list[list[GroupRequest]]:
+    """Requests split into batches of one task, group size and sampling, in first-seen order."""
+    out: dict[tuple[str, int, str], list[GroupRequest]] = {}
+    for r in requests:
+        out.setdefault(_batch_key(r), []).append(r)
+    return list(out.values())
+
+
+class RolloutWorker:
+    """An engine plus the agent loops of every task; no trainer, no optimizer."""
+
+    def __init__(
+        self,
+        recipe: RecipeConfig,
+        model: Any = None,
+        tokenizer: Any = None,
+        name: str = "worker-0",
+    ):
+        if model is None:
+            from rltool.models import load_model_and_tokenizer
+
+            model, tokenizer, _ = load_model_and_tokenizer(recipe.model)
+        if tokenizer is None:
+            raise ValueError(f"RolloutWorker {name}: a model was given without its tokenizer")
+        self.name = name
+        self.engine = HFEngine(
+            model,
+            tokenizer,
+            batch_size=recipe.rollout.batch_size,
+            chunk_tokens=recipe.rollout.chunk_tokens,
+        )
+        self.loops = build_task_loops(recipe, self.engine, tokenizer)
+
+    @property
+    def model_step(self) -> int:
+        return self.engine.model_step
+
+    def generate(self, requests: Sequence[GroupRequest]) -> list[GroupOutcome]:
+        """One outcome per request, in request order within each batch."""
+        out: list[GroupOutcome] = []
+        for batch in batches(requests):
+            out += self._generate_batch(batch)
+        return out
+
+    def _generate_batch(self, batch: list[GroupRequest]) -> list[GroupOutcome]:
+        first = batch[0]
+        t0 = time.perf_counter()
+        loop = self.loops.get(first.task_name)
+        if loop is None:
+            known = ", ".join(sorted(self.loops))
+            return self._failed(batch, f"unknown task {first.task_name!r}; known: {known}", t0)
+        try:
+            groups = loop.generate_groups(
+                [r.task for r in batch], first.n, [r.group_id for r in batch], first.sampling
+            )
+            metrics = loop.pop_metrics()
+        except Exception as exc:  # a loop's bug or environment failure: outcomes, not a crash
+            return self._failed(batch, f"{type(exc).__name__}: {exc}", t0)
+        if len(groups) != len(batch):
+            why = f"loop {first.task_name!r} returned {len(groups)} groups for {len(batch)} tasks"
+            return self._failed(batch, why, t0)
+        elapsed, end = time.perf_counter() - t0, time.time()
+        # the loop's counters belong to the whole batch: they ride on its first outcome
+        return [
+            GroupOutcome(
+                request=r,
+                group=g,
+                gen_time_s=elapsed,
+                worker=self.name,
+                metrics=({**metrics} if i == 0 else {}) | {FINISHED_AT: end},
+            )
+            for i, (r, g) in enumerate(zip(batch, groups, strict=True))
+        ]
+
+    def _failed(self, batch: list[GroupRequest], error: str, t0: float) -> list[GroupOutcome]:
+        elapsed, end = time.perf_counter() - t0, time.time()
+        return [
+            GroupOutcome(
+                request=r,
+                group=None,
+                error=f"worker {self.name}: {error}",
+                gen_time_s=elapsed,
+                worker=self.name,
+                metrics={FINISHED_AT: end},
+            )
+            for r in batch
+        ]
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        self.engine.load_weights(state_dict, model_step)
+
+    def sync_weights(self, model_step: int) -> None:
+        """Shared-model case (sync, in process): only the step that stamps tokens changes."""
+        self.engine.sync_weights(model_step)
+
+    def evaluate(
+        self, task_name: str, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        if task_name not in self.loops:
+            known = ", ".join(sorted(self.loops))
+            raise ValueError(f"evaluate: unknown task {task_name!r}; known: {known}")
+        return self.loops[task_name].evaluate(tasks, sampling)
