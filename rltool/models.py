@@ -21,7 +21,7 @@ from transformers import (
 from rltool.config.schema import ModelConfig
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-gsm8k",)
+BUILTIN_MODELS = ("tiny-gsm8k", "tiny-gsm8k-student")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -53,7 +53,7 @@ def resolve_model_path(path: str) -> Path:
             ensure_demo_checkpoint,  # heavy: only when the demo is asked for
         )
 
-        return ensure_demo_checkpoint()
+        return ensure_demo_checkpoint(builtin=name)
     local = Path(path).expanduser()
     if not local.is_dir():
         raise ValueError(

@@ -37,6 +37,7 @@ from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.optim import lr_multiplier
 
 DEMO_NAME = "tiny-gsm8k-v1"
+STUDENT_NAME = "tiny-gsm8k-student-v1"
 OPTIMIZER_FILE = "optimizer.pt"
 BUILD_INFO_FILE = "build_info.json"
 
@@ -62,6 +63,16 @@ class SFTSettings:
     probe_every: int = 20  # steps between greedy-accuracy probes
     probe_problems: int = 100  # train problems the probe answers
     eval_problems: int = 300  # held-out problems for the accuracy in build_info.json (0 = skip)
+
+
+# The weak student of recipes/gsm8k_tiny_distill.yaml: the demo model, tokenizer and data,
+# SFT stopped after 30 steps (before it can answer), so the demo checkpoint can teach it.
+STUDENT_SFT = SFTSettings(max_steps=30, warmup_steps=10, target_accuracy=None, eval_problems=100)
+# builtin name -> (cache directory name, extra build_demo_checkpoint arguments)
+BUILTIN_CHECKPOINTS: dict[str, tuple[str, dict]] = {
+    "tiny-gsm8k": (DEMO_NAME, {}),
+    "tiny-gsm8k-student": (STUDENT_NAME, {"settings": STUDENT_SFT, "name": STUDENT_NAME}),
+}
 
 
 def demo_model_config(
@@ -192,6 +203,7 @@ def build_demo_checkpoint(
     seed: int = 0,
     settings: SFTSettings | None = None,
     show_progress: bool = True,
+    name: str = DEMO_NAME,
 ) -> dict:
     """Train tokenizer and model, save them to ``out_dir``; returns the build info.
 
@@ -220,7 +232,7 @@ def build_demo_checkpoint(
         n_eval = settings.eval_problems and min(settings.eval_problems, len(test))
         accuracy = greedy_accuracy(model, tokenizer, test[:n_eval]) if n_eval else None
     info = {
-        "name": DEMO_NAME,
+        "name": name,
         "seed": seed,
         "parameters": sum(p.numel() for p in model.parameters()),
         "sft": asdict(settings),
@@ -237,26 +249,29 @@ def build_demo_checkpoint(
     return info
 
 
-def demo_cache_dir() -> Path:
-    """``$RLTOOL_CACHE/tiny-gsm8k-v1``, with RLTOOL_CACHE defaulting to ``~/.cache/rltool``."""
+def demo_cache_dir(builtin: str = "tiny-gsm8k") -> Path:
+    """``$RLTOOL_CACHE/tiny-gsm8k-v1`` (the student: ``tiny-gsm8k-student-v1``), with
+    RLTOOL_CACHE defaulting to ``~/.cache/rltool``."""
     root = os.environ.get("RLTOOL_CACHE") or Path.home() / ".cache" / "rltool"
-    return Path(root).expanduser() / DEMO_NAME
+    return Path(root).expanduser() / BUILTIN_CHECKPOINTS[builtin][0]
 
 
-def ensure_demo_checkpoint(show_progress: bool = True) -> Path:
-    """The demo checkpoint directory, built on first use (atomically: temp dir, then rename)."""
-    final = demo_cache_dir()
+def ensure_demo_checkpoint(show_progress: bool = True, builtin: str = "tiny-gsm8k") -> Path:
+    """The checkpoint directory of ``builtin:<builtin>``, built on first use (atomically:
+    temp dir, then rename)."""
+    cache_name, build_args = BUILTIN_CHECKPOINTS[builtin]
+    final = demo_cache_dir(builtin)
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     if show_progress:
         Console().print(
-            f"Building the demo model builtin:tiny-gsm8k into {final} "
+            f"Building the demo model builtin:{builtin} into {final} "
             "(first use only; about a minute on 2 CPU cores)"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{cache_name}-", dir=final.parent))
     try:
-        build_demo_checkpoint(tmp, seed=0, show_progress=show_progress)
+        build_demo_checkpoint(tmp, seed=0, show_progress=show_progress, **build_args)
         tmp.chmod(0o755)  # mkdtemp made it private; the cache is an ordinary directory
         try:
             tmp.rename(final)
