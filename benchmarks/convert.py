@@ -2,15 +2,20 @@
 
 Builds ``--groups`` groups of 8 samples of about 1k tokens (prompt 100-300, the
 rest response, half of the response supervised in spans, the rest environment
-output), converts them with ``rltool.training.convert.convert_groups`` and with
-``reference_convert`` below (plain Python loops over tokens, building lists,
-``torch.tensor`` at the end), checks that both give the same packs on a subset
-and the same data_info, and prints tokens/s of each, the ratio, the share of
-convert_groups spent only reading the samples' Python lists into arrays (the
-floor of any vectorised conversion), and the packer's padding waste.
+output), twice with the same values: token fields as ``CachedList``s, as the
+agent loops' canonicalization builds them, and as plain lists, as io.py reads
+them. Converts both with ``rltool.training.convert.convert_groups``, and the
+plain lists with ``reference_convert`` below (plain Python loops over tokens,
+building lists, ``torch.tensor`` at the end; on plain lists because indexing a
+list subclass is slower, which would flatter the ratio). Checks that each
+conversion gives the reference's packs on a subset and its data_info, and prints
+tokens/s of each, the ratios, the share of the plain-list conversion spent only
+reading Python lists into arrays (the floor of any vectorised conversion of
+them), and the packer's padding waste.
 
-Times are CPU seconds of this process (best of ``--repeats``), so that other jobs
-on a shared machine disturb them less; wall seconds are printed too.
+Times are CPU seconds of this process, the best of ``--rounds`` interleaved
+rounds (each times every contender once), so that other jobs on a shared machine
+disturb them less and alike; wall seconds are printed too.
 
     python benchmarks/convert.py            # 512 groups x 8 samples, pack_max_length 8192
     python benchmarks/convert.py --groups 64
@@ -19,14 +24,19 @@ on a shared machine disturb them less; wall seconds are printed too.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from rltool.rollout.cached_list import CachedList
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
-from rltool.training.batch import Pack
+from rltool.training.batch import Pack, TrainBatch
 from rltool.training.convert import ConversionConfig, _concat, convert_groups
 from rltool.training.packing import pack_lengths
 
@@ -47,7 +57,33 @@ def _response_labels(rng: np.random.Generator, response: np.ndarray) -> np.ndarr
     return labels
 
 
-def make_groups(n_groups: int, seed: int = 0) -> list[list[RolloutState]]:
+def _fill_fields(
+    state: RolloutState,
+    prompt: np.ndarray,
+    response: np.ndarray,
+    r_labels: np.ndarray,
+    r_lp: np.ndarray,
+    cached: bool,
+) -> None:
+    """Token fields assigned after construction: pydantic would copy a CachedList into a list."""
+    ignored, zeros = np.full(prompt.size, IGNORE_INDEX), np.zeros(prompt.size)
+    if cached:  # as build_prompt_response_fields joins them
+        p, r = CachedList.of(prompt), CachedList.of(response)
+        state.prompt_ids, state.response_ids = p, r
+        state.input_ids = CachedList.join(p, r)
+        state.labels = CachedList.join(CachedList.of(ignored), CachedList.of(r_labels))
+        state.logprobs = CachedList.join(CachedList.of(zeros), CachedList.of(r_lp))
+        return
+    state.prompt_ids, state.response_ids = prompt.tolist(), response.tolist()
+    state.input_ids = np.concatenate([prompt, response]).tolist()
+    state.labels = np.concatenate([ignored, r_labels]).tolist()
+    state.logprobs = np.concatenate([zeros, r_lp]).tolist()
+
+
+def make_groups(n_groups: int, seed: int = 0, cached: bool = False) -> list[list[RolloutState]]:
+    """``cached``: token fields as CachedLists, as ``canonicalize_train_fields`` builds them
+    from its arrays; else plain lists, one int object per value, as io.py reads them.
+    The same values either way."""
     rng = np.random.default_rng(seed)
     groups = []
     for g in range(n_groups):
@@ -58,20 +94,15 @@ def make_groups(n_groups: int, seed: int = 0) -> list[list[RolloutState]]:
             response = rng.integers(0, VOCAB, total - prompt.size)
             r_labels = _response_labels(rng, response)
             r_lp = np.where(r_labels != IGNORE_INDEX, -rng.exponential(1.0, response.size), 0.0)
-            prompt_ids, response_ids = prompt.tolist(), response.tolist()
-            group.append(
-                RolloutState(  # built like canonicalize_train_fields: input_ids = prompt + response
-                    rollout_id=f"g{g}-{k}",
-                    group_id=f"g{g}",
-                    prompt_ids=prompt_ids,
-                    response_ids=response_ids,
-                    input_ids=prompt_ids + response_ids,
-                    labels=[IGNORE_INDEX] * prompt.size + r_labels.tolist(),
-                    logprobs=[0.0] * prompt.size + r_lp.tolist(),
-                    reward={"score": float(rng.integers(0, 2))},
-                    status=Status.COMPLETED,
-                )
+            state = RolloutState(
+                rollout_id=f"g{g}-{k}",
+                group_id=f"g{g}",
+                prompt_ids=[],
+                reward={"score": float(rng.integers(0, 2))},
+                status=Status.COMPLETED,
             )
+            _fill_fields(state, prompt, response, r_labels, r_lp, cached)
+            group.append(state)
         groups.append(group)
     return groups
 
@@ -218,61 +249,84 @@ def _read_lists(groups: list[list[RolloutState]]) -> None:
     _concat(samples, "logprobs", sizes, "d", np.float64)
 
 
-def _best_of(fn, repeats: int) -> tuple[float, float, object]:
-    """Best CPU time (this process only: robust to other jobs on a shared machine)
-    and best wall time over ``repeats`` runs, and the last result."""
-    cpu, wall, out = math.inf, math.inf, None
-    for _ in range(repeats):
+@dataclass
+class _Timing:
+    """Best CPU time (this process only: robust to other jobs on a shared machine) and
+    best wall time over the rounds, and the last result."""
+
+    cpu: float = math.inf
+    wall: float = math.inf
+    out: Any = None
+
+    def run(self, fn: Callable[[], Any]) -> None:
+        self.out = None
+        gc.collect()  # no run pays for the garbage of the one before
         c0, w0 = time.process_time(), time.perf_counter()
-        out = fn()
-        cpu = min(cpu, time.process_time() - c0)
-        wall = min(wall, time.perf_counter() - w0)
-    return cpu, wall, out
+        self.out = fn()
+        self.cpu = min(self.cpu, time.process_time() - c0)
+        self.wall = min(self.wall, time.perf_counter() - w0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--groups", type=int, default=512)
     ap.add_argument("--pack-max-length", type=int, default=8192)
-    ap.add_argument("--repeats", type=int, default=3, help="best of this many convert_groups runs")
-    ap.add_argument("--ref-repeats", type=int, default=2, help="best of this many reference runs")
+    ap.add_argument("--rounds", type=int, default=3, help="each round times every contender once")
     ap.add_argument("--check-packs", type=int, default=16, help="packs compared with the reference")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     groups = make_groups(args.groups)
-    print(f"built {args.groups} groups x {GROUP_SIZE} samples in {time.perf_counter() - t0:.1f} s")
+    cached_groups = make_groups(args.groups, cached=True)
+    print(f"built 2 x {args.groups} groups x {GROUP_SIZE} in {time.perf_counter() - t0:.1f} s")
     cfg = ConversionConfig(estimator="grpo", pack_max_length=args.pack_max_length)
 
-    c_ours, w_ours, batch = _best_of(lambda: convert_groups(groups, cfg), args.repeats)
-    c_read, _, _ = _best_of(lambda: _read_lists(groups), args.repeats)
-    c_ref, w_ref, (ref_packs, ref_info) = _best_of(
-        lambda: reference_convert(groups, args.pack_max_length), args.ref_repeats
-    )
+    # interleaved rounds, so that every contender sees the same load on a shared machine
+    ours, listed, read, ref = _Timing(), _Timing(), _Timing(), _Timing()
+    for _ in range(args.rounds):
+        ours.run(lambda: convert_groups(cached_groups, cfg))
+        listed.run(lambda: convert_groups(groups, cfg))
+        read.run(lambda: _read_lists(groups))
+        ref.run(lambda: reference_convert(groups, args.pack_max_length))
+    batch, list_batch, (ref_packs, ref_info) = ours.out, listed.out, ref.out
+    c_ours, w_ours, c_list, w_list = ours.cpu, ours.wall, listed.cpu, listed.wall
+    c_read, c_ref, w_ref = read.cpu, ref.cpu, ref.wall
 
     n_check = min(args.check_packs, len(batch.packs))
-    if len(ref_packs) != len(batch.packs) or not all(
-        _same(a, b) for a, b in zip(batch.packs[:n_check], ref_packs[:n_check], strict=True)
-    ):
-        raise SystemExit("convert_groups and the reference disagree on the packs")
-    for key, want in ref_info.items():
-        if not math.isclose(batch.data_info[key], want, rel_tol=1e-6, abs_tol=1e-6):
-            raise SystemExit(f"{key}: convert_groups {batch.data_info[key]} != reference {want}")
+    for name, b in (("cached lists", batch), ("plain lists", list_batch)):
+        _check_against_reference(name, b, ref_packs, ref_info, n_check)
 
     tokens = batch.num_tokens
     waste = batch.data_info["data/padding_waste"]
-    print(f"tokens (shifted)     {tokens:,} in {len(batch.packs)} packs <= {args.pack_max_length}")
     n_packs, n_keys = len(batch.packs), len(ref_info)
-    print(f"agree on             {n_check} of {n_packs} packs, {n_keys} data_info keys")
-    print(f"{'':21s}{'cpu s':>8s} {'cpu tokens/s':>14s} {'wall s':>8s} {'wall tokens/s':>14s}")
-    for name, c, w in (("convert_groups", c_ours, w_ours), ("per-token reference", c_ref, w_ref)):
-        print(f"{name:21s}{c:8.3f} {tokens / c:14,.0f} {w:8.3f} {tokens / w:14,.0f}")
-    print(f"speed-up             {c_ref / c_ours:8.1f}x cpu, {w_ref / w_ours:.1f}x wall")
+    print(f"tokens (shifted)            {tokens:,} in {n_packs} packs <= {args.pack_max_length}")
+    print(f"agree on                    {n_check} of {n_packs} packs, {n_keys} data_info keys")
+    print(f"{'':28s}{'cpu s':>8s} {'cpu tokens/s':>14s} {'wall s':>8s} {'wall tokens/s':>14s}")
+    for name, c, w in (
+        ("convert_groups, CachedList", c_ours, w_ours),
+        ("convert_groups, plain lists", c_list, w_list),
+        ("per-token reference", c_ref, w_ref),
+    ):
+        print(f"{name:28s}{c:8.3f} {tokens / c:14,.0f} {w:8.3f} {tokens / w:14,.0f}")
+    print(f"speed-up, CachedList        {c_ref / c_ours:8.1f}x cpu, {w_ref / w_ours:.1f}x wall")
+    print(f"speed-up, plain lists       {c_ref / c_list:8.1f}x cpu, {w_ref / w_list:.1f}x wall")
     print(
-        f"reading the lists    {c_read:8.3f} s = {c_read / c_ours:.0%} of convert_groups "
-        f"(alone it would be {c_ref / c_read:.0f}x the reference)"
+        f"reading plain lists         {c_read:8.3f} s = {c_read / c_list:.0%} of convert_groups "
+        f"on them (alone it would be {c_ref / c_read:.0f}x the reference)"
     )
-    print(f"padding waste        {waste:8.2%}")
+    print(f"padding waste               {waste:8.2%}")
+
+
+def _check_against_reference(
+    name: str, batch: TrainBatch, ref_packs: list[Pack], ref_info: dict[str, float], n_check: int
+) -> None:
+    if len(ref_packs) != len(batch.packs) or not all(
+        _same(a, b) for a, b in zip(batch.packs[:n_check], ref_packs[:n_check], strict=True)
+    ):
+        raise SystemExit(f"convert_groups on {name} and the reference disagree on the packs")
+    for key, want in ref_info.items():
+        if not math.isclose(batch.data_info[key], want, rel_tol=1e-6, abs_tol=1e-6):
+            raise SystemExit(f"{name}: {key}: convert_groups {batch.data_info[key]} != {want}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rltool.rollout.cached_list import CachedList
 from rltool.rollout.contract import check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
@@ -60,14 +61,15 @@ def _import_builtin_loops() -> None:
             importlib.import_module(f"rltool.agent_loops.{mod.name}")
 
 
-def _flat(values: Any, dtype: type) -> list:
+def _flat(values: Any, dtype: type) -> CachedList:
     """A flat list of Python numbers from a list, tuple, numpy array or torch tensor.
 
     One C-level conversion: no Python loop over tokens on the generation path.
+    The list keeps its array, so the step's conversion need not read it back.
     """
     if hasattr(values, "tolist"):  # a tensor (on any device) or an array
         values = values.tolist()
-    return np.asarray(values, dtype=dtype).reshape(-1).tolist()
+    return CachedList.of(np.asarray(values, dtype=dtype))
 
 
 def build_prompt_response_fields(
@@ -90,15 +92,15 @@ def build_prompt_response_fields(
         state.response_ids = list(tokenize(state.response_text))
     response = _flat(state.response_ids, np.int64)
     state.prompt_ids, state.response_ids = prompt, response
-    state.input_ids = prompt + response
-    state.labels = [IGNORE_INDEX] * len(prompt) + response
+    state.input_ids = CachedList.join(prompt, response)
+    state.labels = CachedList.join(CachedList.of(np.full(len(prompt), IGNORE_INDEX)), response)
     if response_logprobs is None:
         state.logprobs = None
         return
     lp = _flat(response_logprobs, np.float64)
     if len(lp) != len(response):
         raise ValueError(f"{len(lp)} response logprobs for {len(response)} response tokens")
-    state.logprobs = [0.0] * len(prompt) + lp
+    state.logprobs = CachedList.join(CachedList.of(np.zeros(len(prompt))), lp)
 
 
 class AgentLoop(ABC):

@@ -25,6 +25,12 @@ A Python loop runs over groups and samples, never over tokens. The token-level
 invariants are checked once on the concatenated arrays (``_token_errors_S``, the
 vectorised twin of ``check_sample``, kept equal to it by a property test);
 ``check_group`` runs only on the groups that fail, to name the violation.
+
+Reading Python lists into arrays dominates the cost of plain-list samples (about
+15 ns a number). Samples canonicalized by an agent loop carry ``CachedList``s
+(``rltool.rollout.cached_list``): their fields are copied from the arrays the
+loop built them from, and their prefix invariant holds by construction; a list
+mutated since (the staleness bake) has lost its array and is read like any other.
 """
 
 from __future__ import annotations
@@ -35,15 +41,17 @@ import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import torch
 
 from rltool.config.schema import RecipeConfig
+from rltool.rollout.cached_list import cached_array, is_join
 from rltool.rollout.contract import LOGPROB_TOLERANCE, check_group, check_group_identity, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, group_status
-from rltool.training.advantages import cluster_rewards, get_estimator
+from rltool.training.advantages import get_estimator
 from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
 from rltool.training.packing import pack_lengths, padding_waste
 from rltool.training.staleness import (
@@ -127,21 +135,33 @@ def _require_rewards(group: Sequence[RolloutState], cfg: ConversionConfig) -> No
 # ---------------------------------------------------------------- concatenated fields
 
 
+def _read(values: Any, out: np.ndarray, offset: int, n: int, code: str) -> None:
+    """Write one sample's field into ``out[offset : offset + n]``: its cached array when
+    it has one (a memory copy), else its Python numbers, packed by struct straight into
+    the buffer (faster than np.fromiter or np.array read them)."""
+    array = cached_array(values)
+    if array is None:
+        struct.pack_into(f"{n}{code}", out, offset * out.itemsize, *values)
+    elif array.dtype.kind == out.dtype.kind:  # int into int, float into float
+        out[offset : offset + n] = array
+    else:
+        raise struct.error(f"cached array of dtype {array.dtype}")
+
+
 def _concat(
     samples: Sequence[RolloutState], name: str, sizes: Sequence[int], code: str, dtype: type
 ) -> np.ndarray:
-    """One per-position field of every sample concatenated; a sample without it stays 0.
-
-    struct packs Python numbers straight into the array's buffer, faster than
-    np.fromiter or np.array read them.
-    """
+    """One per-position field of every sample concatenated; a sample without it stays 0."""
+    arrays = [cached_array(getattr(s, name)) for s in samples]
+    if arrays and all(a is not None and a.dtype == dtype for a in arrays):
+        return np.concatenate(arrays)  # every sample canonicalized: one memory copy
     out = np.zeros(sum(sizes), dtype=dtype)
     offset = 0
     for s, n in zip(samples, sizes, strict=True):
         values = getattr(s, name)
         if values is not None:
             try:
-                struct.pack_into(f"{n}{code}", out, offset * out.itemsize, *values)
+                _read(values, out, offset, n, code)
             except struct.error as exc:
                 msg = f"sample {s.rollout_id}: {name} does not fit {np.dtype(dtype)}: {exc}"
                 raise ValueError(msg) from exc
@@ -161,22 +181,38 @@ class _Flat:
     logprobs_F: np.ndarray  # [F] float64, zeros for a sample without logprobs
     steps_start_S: np.ndarray  # [S] int64, offset in steps; -1 without response_model_steps
     steps: np.ndarray  # [sum of R over samples with steps] int64, response_model_steps
-    supervised_csum: np.ndarray  # [F + 1] int64, supervised labels before each position
+    supervised_F: np.ndarray  # [F + 1] bool, label != -100; one False past the end
+    prompt_supervised_S: np.ndarray  # [S] int64, supervised labels inside the prompt
+    response_supervised_S: np.ndarray  # [S] int64, supervised labels after the prompt
 
     def take(self, idx: np.ndarray) -> _Flat:
         """The samples ``idx``; the concatenated arrays are shared, not copied."""
         return _Flat(
             self.T_S[idx], self.P_S[idx], self.start_S[idx], self.input_ids_F, self.labels_F,
-            self.logprobs_F, self.steps_start_S[idx], self.steps, self.supervised_csum,
+            self.logprobs_F, self.steps_start_S[idx], self.steps, self.supervised_F,
+            self.prompt_supervised_S[idx], self.response_supervised_S[idx],
         )  # fmt: skip
 
     def count_supervised(self) -> None:
-        """(Re)build supervised_csum from labels_F, after the bake cleared some."""
-        np.cumsum(self.labels_F != IGNORE_INDEX, out=self.supervised_csum[1:])
+        """(Re)count supervised labels from labels_F, after the bake cleared some.
 
-    def supervised_in(self, lo_S: np.ndarray, hi_S: np.ndarray) -> np.ndarray:
-        """Supervised labels of each sample between flat positions lo and hi.  # [S]"""
-        return self.supervised_csum[hi_S] - self.supervised_csum[lo_S]
+        Needs every sample of the concatenation (before ``take``): a sample's response
+        runs up to the next sample's start.
+        """
+        np.not_equal(self.labels_F, IGNORE_INDEX, out=self.supervised_F[:-1])
+        if self.T_S.size == 0:
+            return
+        bounds = np.stack([self.start_S, self.start_S + self.P_S], axis=1).ravel()  # [2S]
+        # int32 sums (a sample is far below 2**31 tokens): 3x faster than int64 here
+        sums = np.add.reduceat(self.supervised_F, bounds, dtype=np.int32).astype(np.int64)  # [2S]
+        # reduceat gives the element at lo, not 0, for an empty range: zero those
+        self.prompt_supervised_S = np.where(self.P_S > 0, sums[0::2], 0)  # [S]
+        self.response_supervised_S = np.where(self.T_S > self.P_S, sums[1::2], 0)  # [S]
+
+    def supervised_targets(self) -> np.ndarray:
+        """Supervised labels of each sample after the shift (all but position 0).  # [S]"""
+        at_0 = self.supervised_F[self.start_S]  # [S]
+        return self.prompt_supervised_S + self.response_supervised_S - at_0
 
 
 def _flatten(samples: Sequence[RolloutState]) -> _Flat:
@@ -198,10 +234,32 @@ def _flatten(samples: Sequence[RolloutState]) -> _Flat:
         logprobs_F=_concat(samples, "logprobs", T, "d", np.float64),  # [F]
         steps_start_S=steps_start_S,
         steps=_concat(with_steps, "response_model_steps", R_W.tolist(), "q", np.int64),
-        supervised_csum=np.zeros(int(T_S.sum()) + 1, dtype=np.int64),
+        supervised_F=np.zeros(int(T_S.sum()) + 1, dtype=bool),
+        prompt_supervised_S=np.zeros(len(samples), dtype=np.int64),
+        response_supervised_S=np.zeros(len(samples), dtype=np.int64),
     )
     flat.count_supervised()
     return flat
+
+
+def _prefix_bad(samples: Sequence[RolloutState]) -> np.ndarray:
+    """Invariant 2, input_ids = prompt_ids + response_ids, of every sample.  # [S] bool
+
+    Right by construction when ``CachedList.join`` built input_ids from the sample's
+    own prompt and response lists (canonicalization does); else list == at C speed.
+    """
+    return np.fromiter(
+        (
+            not is_join(s.input_ids, s.prompt_ids, s.response_ids)
+            and (
+                s.input_ids[: len(s.prompt_ids)] != s.prompt_ids
+                or s.input_ids[len(s.prompt_ids) :] != s.response_ids
+            )
+            for s in samples
+        ),
+        dtype=bool,
+        count=len(samples),
+    )
 
 
 def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -219,8 +277,8 @@ def _finite_score(s: RolloutState) -> bool:
 
 
 def _shape_ok(s: RolloutState, needs_reward: bool) -> bool:
-    """check_sample's errors that need no token loop: lengths (1, 2, 5, extras), the
-    reward (6), and prompt/response prefix equality (2; list == runs at C speed)."""
+    """check_sample's errors that need no token loop: lengths (1, 2, 5, extras) and the
+    reward (6). The prefix equality of 2 is ``_prefix_bad``'s."""
     if s.input_ids is None or s.labels is None or s.response_ids is None:
         return False
     t, p = len(s.input_ids), len(s.prompt_ids)
@@ -235,25 +293,41 @@ def _shape_ok(s: RolloutState, needs_reward: bool) -> bool:
     tt = s.teacher_targets
     if tt is not None and (len(tt.token_ids) != t or len(tt.logprobs) != t):
         return False
-    if needs_reward and not _finite_score(s):
-        return False
-    return s.input_ids[:p] == s.prompt_ids and s.input_ids[p:] == s.response_ids
+    return not needs_reward or _finite_score(s)
 
 
-def _token_errors_S(flat: _Flat) -> np.ndarray:
-    """Invariants 3, 4 and 5 of every sample at once.  # [S] bool"""
-    ids, labels, lp = flat.input_ids_F, flat.labels_F, flat.logprobs_F  # [F]
-    supervised = labels != IGNORE_INDEX  # [F]
-    bad_F = (
-        (supervised & (labels != ids))  # 3: a label is -100 or its input id
-        | (lp > LOGPROB_TOLERANCE)  # 4: <= 0 where supervised (and 0.0 elsewhere)
-        | (~supervised & (lp != 0.0))
-        | ~np.isfinite(lp)
-    )  # [F]
+_BLOCK = 1 << 17  # positions per block of _bad_positions: its temporaries stay in cache
+
+
+def _bad_positions(flat: _Flat) -> np.ndarray:
+    """Invariants 3 and 4 at every position.  # [F] bool
+
+    Block by block (a loop over blocks of 128k tokens, not over tokens): the
+    boolean temporaries stay in cache, twice as fast as whole-array passes.
+    """
+    bad_F = np.empty(flat.labels_F.size, dtype=bool)  # [F]
+    supervised_F = flat.supervised_F[:-1]  # [F]
+    for lo in range(0, bad_F.size, _BLOCK):
+        block = slice(lo, lo + _BLOCK)
+        labels, lp, supervised = flat.labels_F[block], flat.logprobs_F[block], supervised_F[block]
+        bad = bad_F[block]
+        np.not_equal(labels, flat.input_ids_F[block], out=bad)
+        bad &= supervised  # 3: a label is -100 or its input id
+        bad |= (lp != 0.0) & ~supervised  # 4: 0.0 where not supervised
+        in_range = lp <= LOGPROB_TOLERANCE  # 4: finite and <= 0; False for NaN and +inf
+        in_range &= lp > -np.inf
+        bad |= ~in_range
+    return bad_F
+
+
+def _token_errors_S(samples: Sequence[RolloutState], flat: _Flat) -> np.ndarray:
+    """Invariants 2 (the prefix), 3, 4 and 5 of every sample at once.  # [S] bool"""
+    bad_F = _bad_positions(flat)  # [F]
     if flat.T_S.size == 0:
         return bad_F[:0]
     bad_S = np.logical_or.reduceat(bad_F, flat.start_S)  # [S]; every T_S >= 2
-    bad_S |= flat.supervised_in(flat.start_S, flat.start_S + flat.P_S) > 0  # 3: prompt is -100
+    bad_S |= flat.prompt_supervised_S > 0  # 3: every prompt label is -100
+    bad_S |= _prefix_bad(samples)
     # 5: response_model_steps never decrease inside a sample (a drop onto a sample's first is fine)
     dropped = np.flatnonzero(np.diff(flat.steps) < 0) + 1  # positions after a decrease
     with_steps = np.flatnonzero(flat.steps_start_S >= 0)  # [W], starts ascending
@@ -326,7 +400,7 @@ def _screen(
     groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig, train_step: int
 ) -> _Screened:
     skipped: dict[int, SkippedGroup] = {}  # by group index, so the log keeps the step's order
-    shaped: list[int] = []  # COMPLETED, lengths and prefixes right
+    shaped: list[int] = []  # COMPLETED, lengths and rewards right
     for g, group in enumerate(groups):
         if not group:
             raise ValueError(f"group {g} of the step is empty; every group needs its samples")
@@ -341,8 +415,9 @@ def _screen(
         else:
             skipped[g] = skip
 
-    flat = _flatten([s for g in shaped for s in groups[g]])
-    token_bad_S = _token_errors_S(flat)  # [S]
+    samples = [s for g in shaped for s in groups[g]]
+    flat = _flatten(samples)
+    token_bad_S = _token_errors_S(samples, flat)  # [S]
     tally = _StalenessTally()
     kept, kept_S, first = [], [], 0
     for g in shaped:
@@ -377,23 +452,44 @@ class _Advantages:
     rewards_C: np.ndarray  # [C] float64, NaN where no member has a score
 
 
+def _clusters(groups: Sequence[Sequence[RolloutState]]) -> tuple[np.ndarray, np.ndarray]:
+    """``cluster_rewards`` of every group in one pass: clusters keyed by (group,
+    session_id or rollout_id), in order of first appearance.
+
+    Returns rewards_C [C] (mean member score, NaN when no member has one) and
+    cluster_S [S], the cluster of each sample.
+    """
+    index: dict[tuple[int, str], int] = {}
+    cluster = [
+        index.setdefault((g, s.session_id or s.rollout_id), len(index))
+        for g, group in enumerate(groups)
+        for s in group
+    ]
+    cluster_S = np.array(cluster, dtype=np.int64)  # [S]
+    scores = [s.score for group in groups for s in group]
+    has_S = np.array([x is not None for x in scores])  # [S]
+    scores_S = np.array([0.0 if x is None else float(x) for x in scores])  # [S]
+    n_C = np.bincount(cluster_S, weights=has_S, minlength=len(index))  # [C]
+    sum_C = np.bincount(cluster_S, weights=scores_S, minlength=len(index))  # [C]
+    rewards_C = np.full(len(index), np.nan)  # [C] NaN: no member has a score
+    np.divide(sum_C, n_C, out=rewards_C, where=n_C > 0)
+    return rewards_C, cluster_S
+
+
 def _advantages(groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig) -> _Advantages:
     """One estimator call over every cluster of every group with weight > 0."""
-    if not groups:
-        return _Advantages(np.zeros(0), np.zeros(0))
-    clusters = [cluster_rewards(g) for g in groups]
-    n_G = np.array([len(c.keys) for c in clusters], dtype=np.int64)  # [G]
-    rewards_C = np.concatenate([c.rewards_C for c in clusters])  # [C]
-    group_C = np.repeat(np.arange(len(groups)), n_G)  # [C]
-    weight_G = np.array([cfg.task_weight(g[0].task_name) for g in groups])  # [G]
+    rewards_C, cluster_S = _clusters(groups)
+    n_S = np.array([len(g) for g in groups], dtype=np.int64)  # [G]
+    group_S = np.repeat(np.arange(len(groups)), n_S)  # [S]
+    group_C = np.zeros(rewards_C.size, dtype=np.int64)  # [C]
+    group_C[cluster_S] = group_S
+    weight_G = np.array([cfg.task_weight(g[0].task_name) for g in groups], dtype=np.float64)
     weight_C = weight_G[group_C]  # [C]
     active_C = weight_C > 0  # weight 0: no reward needed, advantage 0
     adv_C = np.zeros_like(rewards_C)  # [C]
     estimate = get_estimator(cfg.estimator)
     adv_C[active_C] = estimate(rewards_C[active_C], group_C[active_C]) * weight_C[active_C]
-    first_G = np.cumsum(n_G) - n_G  # [G] first cluster of each group
-    members = [first + c.member_cluster_M for first, c in zip(first_G, clusters, strict=True)]
-    return _Advantages(adv_C[np.concatenate(members)], rewards_C)
+    return _Advantages(adv_C[cluster_S], rewards_C)
 
 
 # ---------------------------------------------------------------- shift and pack
@@ -437,29 +533,29 @@ class _Layout:
 
     rows: list[list[int]]  # [B] sample indices per pack, ascending
     order_S: np.ndarray  # [S] sample indices in packed order
-    offset_S: np.ndarray  # [S] start of each sample (by sample index) in the packed stream
+    L_packed: np.ndarray  # [S] shifted lengths in packed order
+    offset_packed: np.ndarray  # [S] start of each sample in the packed stream, packed order
+    offset_S: np.ndarray  # [S] the same by sample index
+    row_first: np.ndarray  # [B] first packed sample of each row
+    row_packed: np.ndarray  # [S] row of each sample, packed order
     pack_bounds: np.ndarray  # [B + 1] pack starts in the packed stream
-    src_N: np.ndarray  # [N] flat position of each packed model input
-    position_ids_N: np.ndarray  # [N] int64, restarts at 0 per sample
 
 
 def _layout(flat: _Flat, rollout_ids: Sequence[str], max_len: int) -> _Layout:
     L_S = flat.T_S - 1  # [S]
     rows = pack_lengths(L_S, max_len, ids=rollout_ids)
-    order_S = np.array([i for r in rows for i in r], dtype=np.int64)  # [S]
+    order_S = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=L_S.size)  # [S]
     L_packed = L_S[order_S]  # [S]
     offset_packed = np.cumsum(L_packed) - L_packed  # [S]
     offset_S = np.empty_like(offset_packed)
     offset_S[order_S] = offset_packed
-    row_ends = np.cumsum([len(r) for r in rows], dtype=np.int64)  # [B] in packed samples
-    pack_bounds = np.concatenate([[0], (offset_packed + L_packed)[row_ends - 1]])  # [B + 1]
-    # position ids: a running count that drops back to 0 at each sample start
-    position_ids_N = np.ones(int(L_S.sum()), dtype=np.int64)  # [N]
-    position_ids_N[offset_packed] = 1 - np.concatenate([[1], L_packed[:-1]])
-    np.cumsum(position_ids_N, out=position_ids_N)
-    src_N = np.repeat(flat.start_S[order_S], L_packed)  # [N]
-    src_N += position_ids_N
-    return _Layout(rows, order_S, offset_S, pack_bounds, src_N, position_ids_N)
+    n_rows = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))  # [B]
+    row_first = np.cumsum(n_rows) - n_rows  # [B]
+    row_packed = np.repeat(np.arange(n_rows.size), n_rows)  # [S]
+    pack_bounds = np.append(offset_packed[row_first], L_S.sum())  # [B + 1]
+    return _Layout(
+        rows, order_S, L_packed, offset_packed, offset_S, row_first, row_packed, pack_bounds
+    )
 
 
 def check_pack_widths(pack: Pack, index: int = 0) -> None:
@@ -481,13 +577,45 @@ def check_pack_widths(pack: Pack, index: int = 0) -> None:
         raise ValueError(f"pack {index}: cu_seq_lens ends at {int(pack.cu_seq_lens[-1])}, not {n}")
 
 
+def _shifted_streams(
+    flat: _Flat, lay: _Layout, adv_S: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """input_ids, targets, rollout logprobs, advantages and position_ids of every training
+    sample, shifted and in packed order: one slice copy per sample and field.  # [N] each"""
+    n = int(lay.pack_bounds[-1])
+    ids_N, targets_N = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    lp_N, adv_N = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+    pos_N = np.empty(n, dtype=np.int64)
+    ramp = np.arange(int(lay.L_packed.max(initial=0)), dtype=np.int64)
+    ids_F, labels_F, lp_F = flat.input_ids_F, flat.labels_F, flat.logprobs_F  # [F]
+    for o, a, length, adv in zip(
+        lay.offset_packed.tolist(),
+        flat.start_S[lay.order_S].tolist(),
+        lay.L_packed.tolist(),
+        adv_S[lay.order_S].tolist(),
+        strict=True,
+    ):
+        e = o + length
+        ids_N[o:e] = ids_F[a : a + length]  # model input: input_ids[:-1]
+        targets_N[o:e] = labels_F[a + 1 : a + 1 + length]  # target: labels[1:]
+        lp_N[o:e] = lp_F[a + 1 : a + 1 + length]  # logprobs[1:]
+        adv_N[o:e] = adv
+        pos_N[o:e] = ramp[:length]
+    adv_N[targets_N == IGNORE_INDEX] = 0.0  # a true 0 (multiplying would leave -0.0)
+    return ids_N, targets_N, lp_N, adv_N, pos_N
+
+
+def _extra_targets(flat: _Flat, lay: _Layout) -> np.ndarray:
+    """Index, into the extras' own concatenation (training samples only, unshifted), of each
+    packed position's target: position j of sample s reads ``start_s + j + 1``.  # [N]"""
+    starts = np.cumsum(flat.T_S) - flat.T_S  # [S]
+    return _segments(starts[lay.order_S] + 1, lay.L_packed)  # [N]
+
+
 def _packs(
     samples: Sequence[RolloutState], flat: _Flat, lay: _Layout, adv_S: np.ndarray
 ) -> list[Pack]:
-    src = lay.src_N  # [N] model input at src, its target one further: read through [1:] views
-    targets_N = flat.labels_F[1:][src]  # [N]
-    adv_N = np.repeat(adv_S[lay.order_S].astype(np.float32), flat.T_S[lay.order_S] - 1)  # [N]
-    adv_N[targets_N == IGNORE_INDEX] = 0.0  # a true 0 (multiplying would leave -0.0)
+    ids_N, targets_N, lp_N, adv_N, pos_N = _shifted_streams(flat, lay, adv_S)
 
     def teacher(attr: str) -> Callable[[RolloutState], Any]:
         return lambda s: None if s.teacher_targets is None else getattr(s.teacher_targets, attr)
@@ -497,16 +625,13 @@ def _packs(
     t_lps = _extra_F(samples, "teacher_targets.logprobs", teacher("logprobs"), np.float32)
     tgt_extra = None
     if routed is not None or t_ids is not None:
-        # the extras' own concatenation holds only the training samples: their own offsets
-        starts = np.cumsum(flat.T_S) - flat.T_S  # [S]
-        L_packed = flat.T_S[lay.order_S] - 1  # [S]
-        tgt_extra = lay.position_ids_N + np.repeat(starts[lay.order_S], L_packed) + 1  # [N]
+        tgt_extra = _extra_targets(flat, lay)
     per_position: dict[str, torch.Tensor | None] = {
-        "input_ids": torch.from_numpy(flat.input_ids_F[src]),  # [N]
+        "input_ids": torch.from_numpy(ids_N),  # [N]
         "targets": torch.from_numpy(targets_N),  # [N]
         "advantages": torch.from_numpy(adv_N),  # [N]
-        "rollout_logprobs": torch.from_numpy(flat.logprobs_F[1:][src].astype(np.float32)),
-        "position_ids": torch.from_numpy(lay.position_ids_N),  # [N]
+        "rollout_logprobs": torch.from_numpy(lp_N),  # [N]
+        "position_ids": torch.from_numpy(pos_N),  # [N]
         "routed_experts": None if routed is None else torch.from_numpy(routed[tgt_extra]),
         "teacher_token_ids": None if t_ids is None else torch.from_numpy(t_ids[tgt_extra]),
         "teacher_logprobs": None if t_lps is None else torch.from_numpy(t_lps[tgt_extra]),
@@ -515,21 +640,31 @@ def _packs(
     row_tokens = np.diff(lay.pack_bounds).tolist()  # [B]
     # one split per field gives every pack its view of the packed stream
     split = {k: None if t is None else t.split(row_tokens) for k, t in per_position.items()}
+    cu_views = _cu_seq_lens(lay)
+    max_len_B = np.maximum.reduceat(lay.L_packed, lay.row_first).tolist() if lay.rows else []
     packs = []
     for b, row in enumerate(lay.rows):
-        L_row = flat.T_S[row] - 1  # [S_row]
-        cu = np.zeros(len(row) + 1, dtype=np.int32)  # [S_row + 1]
-        np.cumsum(L_row, out=cu[1:])
         pack = Pack(
             **{k: None if views is None else views[b] for k, views in split.items()},
-            cu_seq_lens=torch.from_numpy(cu),
-            max_seq_len=int(L_row.max()),
-            sample_index=list(row),
+            cu_seq_lens=cu_views[b],
+            max_seq_len=max_len_B[b],
+            sample_index=row,
             teacher_kind=kind,
         )
         check_pack_widths(pack, b)
         packs.append(pack)
     return packs
+
+
+def _cu_seq_lens(lay: _Layout) -> tuple[torch.Tensor, ...]:
+    """Every pack's cu_seq_lens (its samples' starts, then its end, from 0) as views
+    of one int32 array.  # B x [S_row + 1]"""
+    n_B = np.diff(np.append(lay.row_first, lay.order_S.size))  # [B] samples per row
+    cu = np.empty(lay.order_S.size + n_B.size, dtype=np.int32)  # [S + B]
+    at_S = np.arange(lay.order_S.size) + lay.row_packed  # [S] slot of each sample's start
+    cu[at_S] = lay.offset_packed - lay.pack_bounds[lay.row_packed]
+    cu[lay.row_first + n_B + np.arange(n_B.size)] = np.diff(lay.pack_bounds)  # row ends
+    return torch.from_numpy(cu).split((n_B + 1).tolist())
 
 
 # ---------------------------------------------------------------- data_info
@@ -567,7 +702,7 @@ def _data_info(
     cfg: ConversionConfig,
 ) -> dict[str, float]:
     """Per-sample counts only: a sample's loss-active tokens all carry its advantage."""
-    response_len_S = flat.supervised_in(flat.start_S + 1, flat.start_S + flat.T_S)  # [S] targets
+    response_len_S = flat.supervised_targets()  # [S]
     n_tokens = int((flat.T_S - 1).sum())
     n_active = int(response_len_S.sum())
     trains_S = response_len_S > 0  # [S]
@@ -619,22 +754,28 @@ def convert_groups(
     adv = _advantages(scr.kept, cfg)
     lay = _layout(flat, [s.rollout_id for s in samples], cfg.pack_max_length)
     packs = _packs(samples, flat, lay, adv.sample_S)
-    pack_of_S = np.empty(len(samples), dtype=np.int64)
-    for b, row in enumerate(lay.rows):
-        pack_of_S[row] = b
+    pack_of_S = np.empty(len(samples), dtype=np.int64)  # [S]
+    pack_of_S[lay.order_S] = lay.row_packed
     start_S = lay.offset_S - lay.pack_bounds[pack_of_S]  # [S] offset inside its pack
     infos = [
         SampleInfo(
             rollout_id=s.rollout_id,
             group_id=s.group_id,
             task_name=s.task_name,
-            pack=int(pack_of_S[i]),
-            start=int(start_S[i]),
-            length=int(flat.T_S[i] - 1),
-            advantage=float(adv.sample_S[i]),
+            pack=pack,
+            start=start,
+            length=length,
+            advantage=advantage,
             has_rollout_logprobs=s.logprobs is not None,
         )
-        for i, s in enumerate(samples)
+        for s, pack, start, length, advantage in zip(
+            samples,
+            pack_of_S.tolist(),
+            start_S.tolist(),
+            (flat.T_S - 1).tolist(),
+            adv.sample_S.tolist(),
+            strict=True,
+        )
     ]
     info = _data_info(
         len(groups), scr, samples, flat, adv.sample_S, adv.rewards_C, len(packs), train_step, cfg

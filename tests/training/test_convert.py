@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import rltool.training.convert as convert_module
+from rltool.agent_loops.base import build_prompt_response_fields
 from rltool.config.schema import AlgorithmConfig, RecipeConfig, TrainerConfig
+from rltool.rollout.cached_list import CachedList, cached_array, is_join
 from rltool.rollout.contract import check_group, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, TeacherTargets
 from rltool.training.advantages import EPS
@@ -33,17 +37,20 @@ def make(
     *,
     score: float | None = 1.0,
     gid: str = "g",
+    cached: bool = False,
     **fields: object,
 ) -> RolloutState:
     """A COMPLETED sample; ``supervised[i]`` says whether response token i is trained,
-    ``lps[i]`` is its engine logprob (0.0 written wherever it is not supervised)."""
+    ``lps[i]`` is its engine logprob (0.0 written wherever it is not supervised).
+    ``cached``: token fields as CachedLists, input_ids joined from prompt and response
+    as canonicalization builds them (else plain lists, as io.py reads them)."""
     labels = [X] * len(prompt) + [t if m else X for t, m in zip(response, supervised, strict=True)]
     logprobs = None
     if lps is not None:
         logprobs = [0.0] * len(prompt) + [
             lp if m else 0.0 for lp, m in zip(lps, supervised, strict=True)
         ]
-    return RolloutState(
+    s = RolloutState(
         rollout_id=rid,
         group_id=gid,
         prompt_ids=prompt,
@@ -55,6 +62,19 @@ def make(
         status=fields.pop("status", Status.COMPLETED),
         **fields,
     )
+    return cache_fields(s) if cached else s
+
+
+def cache_fields(s: RolloutState) -> RolloutState:
+    """Token fields as CachedLists, input_ids joined from prompt and response, as
+    canonicalization builds them; assigned after construction, where pydantic would
+    copy them into plain lists."""
+    p, r = (CachedList.of(np.array(x, dtype=np.int64)) for x in (s.prompt_ids, s.response_ids))
+    s.prompt_ids, s.response_ids, s.input_ids = p, r, CachedList.join(p, r)
+    s.labels = CachedList.of(np.array(s.labels, dtype=np.int64))
+    if s.logprobs is not None:
+        s.logprobs = CachedList.of(np.array(s.logprobs, dtype=np.float64))
+    return s
 
 
 def sample_view(batch: TrainBatch, i: int) -> dict[str, list]:
@@ -377,11 +397,13 @@ def test_empty_step() -> None:
 # ---------------------------------------------------------------- staleness
 
 
-def test_staleness_is_baked_before_the_shift() -> None:
+@pytest.mark.parametrize("cached", [False, True])
+def test_staleness_is_baked_before_the_shift(cached: bool) -> None:
     # train step 3, max_token_staleness 0, sync 1: trainable while staleness < 1
     # steps [1, 2, 2] -> staleness [1, 0, 0]: response token 20 is cleared
-    a = make("a", [10], [20, 21, 22], [1, 1, 1], [-0.1, -0.2, -0.3], score=1.0)
-    b = make("b", [10], [20, 21, 22], [1, 1, 1], [-0.1, -0.2, -0.3], score=0.0)
+    lps = [-0.1, -0.2, -0.3]
+    a = make("a", [10], [20, 21, 22], [1, 1, 1], lps, score=1.0, cached=cached)
+    b = make("b", [10], [20, 21, 22], [1, 1, 1], lps, score=0.0, cached=cached)
     a.response_model_steps = [1, 2, 2]
     b.response_model_steps = [2, 2, 2]
     cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16, max_token_staleness=0)
@@ -556,11 +578,19 @@ def sample_lists(draw: st.DrawFn) -> list[RolloutState]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(group=sample_lists(), which=st.integers(0, 2), corruption=st.sampled_from(CORRUPTIONS))
+@given(
+    group=sample_lists(),
+    which=st.integers(0, 2),
+    corruption=st.sampled_from(CORRUPTIONS),
+    cached=st.booleans(),
+)
 def test_screening_agrees_with_check_group(
-    group: list[RolloutState], which: int, corruption: str
+    group: list[RolloutState], which: int, corruption: str, cached: bool
 ) -> None:
-    """The vectorised screen skips a group as invalid exactly when check_group finds an error."""
+    """The vectorised screen skips a group as invalid exactly when check_group finds an error,
+    on plain lists and on CachedLists mutated in place (never read from a stale array)."""
+    if cached:
+        group = [cache_fields(s) for s in group]
     victim = group[which % len(group)]
     _corruptions(victim, group)[corruption]()
     want = errors(check_group(group))
@@ -570,3 +600,58 @@ def test_screening_agrees_with_check_group(
     else:
         assert batch.skipped_groups == [] and len(batch.samples) == len(group)
         assert isinstance(batch.packs[0], Pack)
+
+
+@pytest.mark.parametrize("block", [3, convert_module._BLOCK])
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_cached_fields_mutated_in_place_are_read_fresh(
+    corruption: str, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every corruption of a canonicalized sample, made in place after canonicalization,
+    is seen: the screen agrees with check_group, which reads the lists. Blocks of 3
+    positions put block boundaries inside the samples."""
+    monkeypatch.setattr(convert_module, "_BLOCK", block)
+    group = [
+        make(f"s{k}", [1, 2], [100, 101, 102], [1, 0, 1], [-0.5] * 3, score=float(k), cached=True)
+        for k in range(2)
+    ]
+    for s in group:
+        s.response_model_steps = [0, 1, 1]
+    _corruptions(group[1], group)[corruption]()
+    want = errors(check_group(group))
+    batch = convert_groups([group], ConversionConfig(pack_max_length=64))
+    assert [(g.reason, g.detail) for g in batch.skipped_groups] == (
+        [("invalid", str(want[0]))] if want else []
+    )
+
+
+def test_canonicalized_samples_convert_like_plain_lists() -> None:
+    """build_prompt_response_fields keeps its arrays; conversion reads them and gives
+    what the plain lists give, also after an in-place edit of one sample."""
+
+    def canonical(rid: str, response: list[int], score: float) -> RolloutState:
+        s = RolloutState(
+            rollout_id=rid,
+            group_id="g",
+            prompt_ids=[10, 11],
+            response_ids=response,
+            reward={"score": score},
+            status=Status.COMPLETED,
+        )
+        build_prompt_response_fields(s, [-0.25] * len(response))
+        return s
+
+    group = [canonical("a", [20, 21, 22], 1.0), canonical("b", [30, 31], 0.0)]
+    a = group[0]
+    assert cached_array(a.labels).tolist() == [X, X, 20, 21, 22]
+    assert is_join(a.input_ids, a.prompt_ids, a.response_ids)
+    a.labels[3], a.logprobs[3] = X, 0.0  # token 21 becomes environment output, in place
+    assert cached_array(a.labels) is None and cached_array(a.logprobs) is None
+    plain = [RolloutState.model_validate(s.model_dump()) for s in group]
+    cfg = ConversionConfig(pack_max_length=8)
+    batch, want = convert_groups([group], cfg), convert_groups([plain], cfg)
+    assert sample_view(batch, 0)["targets"] == [X, 20, X, 22]
+    assert sample_view(batch, 0)["rollout_logprobs"] == [0.0, -0.25, 0.0, -0.25]
+    for i in range(2):
+        assert sample_view(batch, i) == sample_view(want, i)
+    assert batch.data_info == want.data_info

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rltool.rollout.cached_list import CachedList
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.convert import ConversionConfig, convert_groups
 from rltool.training.packing import pack_lengths, padding_waste
@@ -82,20 +83,26 @@ def groups(draw: st.DrawFn) -> list[list[RolloutState]]:
                 t if m else IGNORE_INDEX for t, m in zip(ids[p:], sup, strict=True)
             ]
             lps = [0.0] * p + [-(j + 1) / 64 if m else 0.0 for j, m in enumerate(sup)]
-            group.append(
-                RolloutState(
-                    rollout_id=f"g{g}-{k}",
-                    group_id=f"g{g}",
-                    session_id=draw(st.sampled_from([None, "a", "b"])),
-                    prompt_ids=ids[:p],
-                    response_ids=ids[p:],
-                    input_ids=ids,
-                    labels=labels,
-                    logprobs=lps if draw(st.booleans()) else None,
-                    reward={"score": float(draw(st.integers(0, 3)))},
-                    status=Status.COMPLETED,
-                )
+            s = RolloutState(
+                rollout_id=f"g{g}-{k}",
+                group_id=f"g{g}",
+                session_id=draw(st.sampled_from([None, "a", "b"])),
+                prompt_ids=ids[:p],
+                response_ids=ids[p:],
+                input_ids=ids,
+                labels=labels,
+                logprobs=lps if draw(st.booleans()) else None,
+                reward={"score": float(draw(st.integers(0, 3)))},
+                status=Status.COMPLETED,
             )
+            if draw(st.booleans()):  # CachedLists, as canonicalization builds them
+                head, tail = (CachedList.of(np.array(x, np.int64)) for x in (ids[:p], ids[p:]))
+                s.prompt_ids, s.response_ids = head, tail
+                s.input_ids = CachedList.join(head, tail)
+                s.labels = CachedList.of(np.array(labels, dtype=np.int64))
+                if s.logprobs is not None:
+                    s.logprobs = CachedList.of(np.array(lps, dtype=np.float64))
+            group.append(s)
         out.append(group)
     return out
 
