@@ -54,6 +54,16 @@ class GroupOutcome:
     metrics: dict[str, float] = field(default_factory=dict)  # the loop's pop_metrics()
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerDeath:
+    """A rollout worker that died and was replaced, for the run's report."""
+
+    worker: str  # e.g. "worker-1"
+    reason: str  # what ended it, in a few words
+    error: str  # the ``GroupOutcome.error`` of every group it had in flight
+    restart_s: float  # from noticing the death to the replacement answering
+
+
 class RolloutBackend(ABC):
     """Generates groups with the current rollout weights."""
 
@@ -84,6 +94,11 @@ class RolloutBackend(ABC):
     def health_metrics(self) -> dict[str, float]:
         """e.g. ``workers/restarts``; empty for a backend that cannot lose workers."""
         return {}
+
+    def pop_deaths(self) -> list[WorkerDeath]:
+        """Workers that died and were replaced since the last call; none for a backend
+        that cannot lose workers."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional: a backend holding nothing needs no close
         """Stop workers and threads; safe to call twice."""

@@ -56,6 +56,21 @@ MAX_REFILLS = 4  # extra draws in one step when the filter leaves the batch shor
 STATE_VERSION = 1
 
 
+@dataclass(frozen=True, slots=True)
+class GroupError:
+    """A group whose generation came back with an error, and what the producer did."""
+
+    group_id: str
+    attempt: int
+    worker: str  # "" when the backend does not name workers
+    error: str  # GroupOutcome.error
+    retried: bool  # False: its second failure, the group is counted FAILED
+
+    def __str__(self) -> str:
+        then = "retrying it" if self.retried else "counted failed"
+        return f"group {self.group_id} (attempt {self.attempt}): {self.error}; {then}"
+
+
 @dataclass(slots=True)
 class _Tally:
     """What happened between two batches: groups that came back and where they went."""
@@ -67,7 +82,7 @@ class _Tally:
     expired_samples: int = 0
     failed_groups: int = 0
     filtered_groups: int = 0
-    errors: list[str] = field(default_factory=list)  # every error outcome, retried or not
+    errors: list[GroupError] = field(default_factory=list)  # every error outcome
     refills: int = 0
 
 
@@ -156,7 +171,7 @@ class Producer:
         self._served_step = 0  # the step of the last batch served
         self._carry = _Tally()  # outcomes that came back between two produce calls
         self._busy_at_return = False  # generation in flight when the last batch was served
-        self.errors: list[str] = []  # error outcomes of the last produce call
+        self.errors: list[GroupError] = []  # error outcomes of the last produce call
 
     # ------------------------------------------------------------ the strategy
 
@@ -315,8 +330,9 @@ class Producer:
     def _on_error(self, o: GroupOutcome, train_step: int, tally: _Tally) -> None:
         """First failure: retry (attempt + 1). Second: the group is FAILED, on the record."""
         gid = o.request.group_id
-        tally.errors.append(f"group {gid} (attempt {o.request.attempt}): {o.error}")
-        if gid not in self._errored:
+        retry = gid not in self._errored
+        tally.errors.append(GroupError(gid, o.request.attempt, o.worker, o.error, retry))
+        if retry:
             self._errored.add(gid)
             self._retry(gid)
             return

@@ -15,15 +15,19 @@ while it generates: the engine applies them at its next chunk boundary
 Worker death: a call that fails because its actor died (``RayActorError``:
 killed, crashed, out of memory) returns every request of that call as a
 ``GroupOutcome`` with ``error`` set; the worker is replaced by a new actor
-under the same name that starts from the current weights, and the restart is
-counted in ``health_metrics``. No request is dropped: each comes back exactly
-once, as a group or as an error.
+under the same name that starts from the current weights (the call that
+noticed the death waits until the replacement answers, so a replacement that
+cannot start fails here), and the restart is counted in ``health_metrics``
+and reported once by ``pop_deaths`` (every group the dead worker had in
+flight carries that death's ``error``). No request is dropped: each comes
+back exactly once, as a group or as an error.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +38,7 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
-from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
+from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend, WorkerDeath
 from rltool.produce.ray_setup import RaySession, connect_ray
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,9 @@ log = logging.getLogger(__name__)
 WorkerFactory = Callable[[RecipeConfig, str], Any]  # (recipe, name) -> a RolloutWorker-like object
 MAX_RESTARTS_IN_A_ROW = 3  # a worker that dies this often without finishing a call stops the run
 MAX_REASON_CHARS = 240
+# Ray's account of a process that vanished: "... Worker exit type: SYSTEM_ERROR Worker exit
+# detail: Worker unexpectedly exits with ... Some common causes include: (1) ..."
+_EXIT = re.compile(r"Worker exit type: (\w+) Worker exit detail: (.*?)\s*(?:Some common causes|$)")
 
 
 def spread(n_requests: int, loads: Sequence[int]) -> list[tuple[int, slice]]:
@@ -78,6 +85,20 @@ def death_reason(err: BaseException) -> str:
     reason = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
     # a crashed process's last line goes on to list common causes: keep the start
     return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 3] + "..."
+
+
+def exit_reason(err: BaseException) -> str:
+    """What ended a worker, in a few words: Ray's exit type and detail when it gives them,
+    else the last line of its message (e.g. "it was killed by `ray.kill`")."""
+    found = _EXIT.search(" ".join(str(err).split()))
+    if found is None:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        last = lines[-1].removeprefix("The actor is dead because ") if lines else ""
+        return last.rstrip(".")[:MAX_REASON_CHARS] or type(err).__name__
+    kind, detail = found.groups()
+    if kind == "SYSTEM_ERROR":  # kill -9, the kernel's OOM killer, a segfault: Ray cannot tell
+        return f"killed or crashed (Ray: {detail})"
+    return f"{kind} (Ray: {detail})"
 
 
 def task_error(err: RayTaskError) -> str:
@@ -170,6 +191,9 @@ class RayBackend(RolloutBackend):
         self._ready: list[GroupOutcome] = []  # fetched, not yet collected
         self._restarts = 0
         self._lost = 0  # requests returned as errors because their worker died
+        self._deaths: list[WorkerDeath] = []  # not yet reported (pop_deaths)
+        # (worker, incarnation) -> the error of its death, one text for all its lost requests
+        self._death_errors: dict[tuple[str, int], str] = {}
         self._closed = False
         start = time.perf_counter()
         self._session: RaySession = connect_ray(rollout)
@@ -256,6 +280,10 @@ class RayBackend(RolloutBackend):
             "workers/startup_s": self.startup_s,
         }
 
+    def pop_deaths(self) -> list[WorkerDeath]:
+        out, self._deaths = self._deaths, []
+        return out
+
     def close(self) -> None:
         if self._closed:
             return
@@ -320,7 +348,7 @@ class RayBackend(RolloutBackend):
             outcomes = ray.get(ref)
         except RayActorError as e:
             self._lost += len(call.requests)
-            error = f"worker {slot.name} died: {death_reason(e)}"
+            error = self._death_error(slot.name, call.incarnation, e)
             self._ready += failed_outcomes(call.requests, slot.name, error)
             if call.incarnation == slot.incarnation:  # not yet replaced by an earlier failure
                 self._restart(slot, e)
@@ -346,20 +374,34 @@ class RayBackend(RolloutBackend):
         error = f"worker {worker} returned no outcome for this group"
         return outcomes + failed_outcomes(missing, worker, error)
 
+    def _death_error(self, worker: str, incarnation: int, err: BaseException) -> str:
+        """The error of every request lost with this actor (the first failure names it)."""
+        key = (worker, incarnation)
+        return self._death_errors.setdefault(key, f"worker {worker} died: {death_reason(err)}")
+
     def _restart(self, slot: _Slot, err: BaseException) -> None:
-        """Replace a dead worker's actor: same name, current weights."""
-        slot.deaths_in_a_row += 1
-        reason = death_reason(err)
-        if slot.deaths_in_a_row > MAX_RESTARTS_IN_A_ROW:
-            raise RuntimeError(
-                f"rollout worker {slot.name} died {slot.deaths_in_a_row} times in a row without "
-                f"finishing a call; last: {reason}"
-            ) from err
-        log.warning("rollout worker %s died (%s); restarting it", slot.name, reason)
-        ray.kill(slot.actor)  # a crashed actor may linger half-dead; make sure
-        slot.actor = self._spawn(slot.name)
-        slot.incarnation += 1
-        self._restarts += 1
+        """Replace a dead worker's actor (same name, current weights) and wait until the
+        replacement answers, so the death is reported with its cost."""
+        error = self._death_error(slot.name, slot.incarnation, err)
+        reason, start = exit_reason(err), time.perf_counter()
+        while True:
+            slot.deaths_in_a_row += 1
+            if slot.deaths_in_a_row > MAX_RESTARTS_IN_A_ROW:
+                raise RuntimeError(
+                    f"rollout worker {slot.name} died {slot.deaths_in_a_row} times in a row "
+                    f"without finishing a call; last: {death_reason(err)}"
+                ) from err
+            log.info("rollout worker %s died (%s); restarting it", slot.name, death_reason(err))
+            ray.kill(slot.actor)  # a crashed actor may linger half-dead; make sure
+            slot.actor = self._spawn(slot.name)
+            slot.incarnation += 1
+            self._restarts += 1
+            try:
+                ray.get(slot.actor.pid.remote())
+                break
+            except RayActorError as e:  # the replacement died while starting
+                err = e
+        self._deaths.append(WorkerDeath(slot.name, reason, error, time.perf_counter() - start))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -4,13 +4,18 @@ held-out evaluations, and a summary table at the end."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:  # records only: the view does not import the producer (torch)
+    from rltool.produce.backend import WorkerDeath
+    from rltool.produce.producer import GroupError
 
 # (metric key, label, format) of the compact per-step line
 STEP_FIELDS = (
@@ -47,6 +52,46 @@ def staleness_figure(metrics: dict[str, float]) -> str | None:
     return f"0:{s0} 1:{s1} 2+:{s2} exp {expired} mask {masked}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _fates(errors: Sequence[GroupError]) -> str:
+    """``3 retried, 1 counted failed``: what the producer did with the groups."""
+    retried = sum(e.retried for e in errors)
+    parts = [f"{retried} retried"] if retried else []
+    if len(errors) - retried:
+        parts.append(f"{len(errors) - retried} counted failed (second failure)")
+    return ", ".join(parts)
+
+
+def death_line(death: WorkerDeath, errors: Sequence[GroupError]) -> str:
+    """One line per worker death, with the groups it had in flight (``errors``)."""
+    head = f"rollout {death.worker} died: {death.reason}; restarted in {death.restart_s:.1f} s"
+    lost = _plural(len(errors), "in-flight group")
+    if not errors:
+        return f"{head}; no group in flight"
+    if all(e.retried for e in errors):
+        return f"{head}; {lost} retried"
+    return f"{head}; {lost}: {_fates(errors)}"
+
+
+def error_lines(errors: Sequence[GroupError], deaths: Sequence[WorkerDeath]) -> list[str]:
+    """The rollout errors of one step: a line per worker death (its lost groups counted in),
+    then a line per other distinct error (a loop that raised, a lost result)."""
+    by_error: dict[str, list[GroupError]] = {}
+    for e in errors:
+        by_error.setdefault(e.error, []).append(e)
+    lines = [death_line(d, by_error.pop(d.error, [])) for d in deaths]
+    for error, group in by_error.items():
+        if len(group) == 1:
+            lines.append(f"rollout: {group[0]}")
+            continue
+        ids = ", ".join(e.group_id for e in group[:3]) + (", ..." if len(group) > 3 else "")
+        lines.append(f"rollout: {len(group)} groups ({ids}): {error}; {_fates(group)}")
+    return lines
+
+
 class TrainView:
     def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
         self.console = console or Console(highlight=False)
@@ -63,7 +108,11 @@ class TrainView:
 
     def warn(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(f"[yellow]{text}[/]")
+            self.console.print(f"[yellow]{escape(text)}[/]")
+
+    def rollout_errors(self, errors: Sequence[GroupError], deaths: Sequence[WorkerDeath]) -> None:
+        for line in error_lines(errors, deaths):
+            self.warn(line)
 
     @contextmanager
     def progress(self, total: int, done: int = 0) -> Iterator[Callable[[], None]]:

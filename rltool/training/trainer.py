@@ -91,8 +91,7 @@ def _step(run: Run, run_dir: Path, view: TrainView, dump: bool) -> tuple[dict[st
     t_step = time.perf_counter()
     produced = run.producer.produce(run.step + 1)
     t_gen = time.perf_counter() - t_step
-    for error in run.producer.errors:
-        view.warn(f"rollout: {error}")
+    view.rollout_errors(run.producer.errors, run.producer.backend.pop_deaths())
     groups = produced.groups
     if dump:
         write_rollouts(

@@ -189,7 +189,9 @@ def test_failed_generation_is_retried_once_then_counted_failed():
     backend = FakeBackend(fail={1: 1, 2: 2})  # g1 fails once, g2 twice
     p = make(backend)
     result = p.produce(1)
-    assert len(p.errors) == 3 and "worker died" in p.errors[0]
+    assert len(p.errors) == 3 and "worker died" in p.errors[0].error
+    fates = sorted((e.group_id, e.attempt, e.retried) for e in p.errors)
+    assert fates == [("s1-g1-p1", 0, True), ("s1-g2-p2", 0, True), ("s1-g2-p2", 1, False)]
     assert result.leftover_failed == 1
     # g1 came back on its retry; g2 is FAILED; a refill drew g4 for the missing group
     assert gids(result.groups) == ["s1-g0-p0", "s1-g3-p3", "s1-g1-p1", "s1-g4-p4"]

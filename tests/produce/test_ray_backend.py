@@ -287,6 +287,10 @@ def test_killed_worker_is_reported_restarted_and_loses_no_request(workers, tiny_
     health = workers.health_metrics()
     assert health["workers/restarts"] == 1.0
     assert health["workers/lost_requests"] == 3.0
+    (death,) = workers.pop_deaths()  # reported once, with the error its groups carry
+    assert (death.worker, death.reason) == ("worker-1", "it was killed by `ray.kill`")
+    assert {o.error for o in failed} == {death.error} and death.restart_s > 0
+    assert workers.pop_deaths() == []
 
     assert workers.worker_steps() == {"worker-0": 3, "worker-1": 3}  # current weights
     again = [_gsm8k(f"r{i}", sampling) for i in range(4)]
