@@ -12,31 +12,14 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
 import torch
-from transformers import Qwen2ForCausalLM
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
-from rltool.demo.model import demo_model_config
-from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.io import read_groups
 from rltool.training.run import StopRequest
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-ckpt")
-    tokenizer = train_demo_tokenizer()
-    torch.manual_seed(0)
-    cfg = demo_model_config(
-        tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
-    )
-    Qwen2ForCausalLM(cfg).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def _small(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:

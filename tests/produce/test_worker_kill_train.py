@@ -16,12 +16,9 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from transformers import Qwen2ForCausalLM
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
-from rltool.demo.model import demo_model_config
-from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.produce.backend import GroupOutcome, GroupRequest, WorkerDeath
 from rltool.produce.producer import GroupError
 from rltool.produce.ray_backend import RayBackend, exit_reason
@@ -100,19 +97,6 @@ def test_error_lines_fold_a_deaths_groups_into_its_line_and_group_other_errors()
 
 
 # --- the drill: rltool train, two Ray workers, kill -9 one of them after step 1 ------------
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-ckpt")
-    tokenizer = train_demo_tokenizer()
-    torch.manual_seed(0)
-    cfg = demo_model_config(
-        tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
-    )
-    Qwen2ForCausalLM(cfg).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 class KillDrill:
