@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
+from rltool.agent_loops.base import get_agent_loop
 from rltool.agent_loops.gsm8k import ground_truth_of
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
 from rltool.rewards.gsm8k import gsm8k_reward
-from rltool.training.run import build_loop, build_run, evaluate, generate_step, rollout_metrics
+from rltool.training.run import build_run, evaluate, generate_step, rollout_metrics
 from rltool.training.sampler import PromptSampler
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "gsm8k_tiny.yaml"
@@ -81,7 +82,10 @@ def eval_model(recipe: RecipeConfig, model: Any, tokenizer: Any, tasks: list[dic
     """rltool's greedy held-out evaluation, applied to any model object."""
     engine = HFEngine(model, tokenizer, batch_size=recipe.rollout.batch_size)
     model.eval()
-    out = build_loop(recipe, engine, tokenizer).evaluate(tasks, recipe.rollout.eval_sampling)
+    loop = get_agent_loop(recipe.agent_loop.name).from_recipe(
+        recipe, engine=engine, tokenizer=tokenizer
+    )
+    out = loop.evaluate(tasks, recipe.rollout.eval_sampling)
     model.train()
     return out
 
@@ -99,7 +103,7 @@ def run_rltool(model_dir: Path, seed: int, budget_s: float, max_steps: int) -> R
         t_gen = time.perf_counter() - t0
         run.controller.fit(groups, train_step=run.step + 1)
         run.step += 1
-        run.engine.sync_weights(run.step)
+        run.producer.update_weights(run.model, run.step)
         step_s.append(time.perf_counter() - t0)
         m = rollout_metrics(run, groups)
         print(
@@ -214,6 +218,7 @@ def run_trl(model_dir: Path, seed: int, budget_s: float, max_steps: int, out_dir
         loss_type="dapo",  # token-mean over the whole batch, like rltool's token-mean
         scale_rewards="group",  # (r - mean) / std within the group, like rltool's grpo
         shuffle_dataset=False,  # the dataset is already in rltool's order
+        gradient_checkpointing=False,  # on by default in GRPOConfig; rltool recomputes nothing
         logging_steps=1,
         report_to=[],
         save_strategy="no",

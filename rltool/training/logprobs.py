@@ -6,7 +6,9 @@ The row holds several samples back to back with ``position_ids`` restarting at
 0 per sample. transformers 5 derives a block-diagonal attention mask from those
 restarting positions only when ``attention_mask=None`` and ``use_cache=False``;
 with the cache on it silently lets samples attend to each other (facts.md).
-``tests/training/test_logprobs.py`` locks this: packed == each sample alone.
+``tests/training/test_logprobs.py`` locks this: packed == each sample alone. A
+``SharedPack`` (prefix_share.py: one prompt, several answers) passes its own
+[1, 1, N, N] boolean mask instead, which transformers uses as given.
 
 logprob of target y at a position with logits z (already divided by the
 sampling temperature, so the trainer scores the distribution the engine sampled
@@ -20,6 +22,7 @@ import torch
 
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.batch import Pack
+from rltool.training.prefix_share import SharedPack, attention_allowed
 
 _ENTROPY_CHUNK = 1024  # rows per chunk when entropy is only a metric (bounds the [N, V] copy)
 
@@ -31,10 +34,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
     """Logits of one packed row; the flags below are what keeps samples apart."""
     device = model_device(model)
+    mask = None  # plain row: the block-diagonal mask comes from the restarting positions
+    if isinstance(pack, SharedPack):  # prefix + branches: an explicit mask, used as given
+        allowed = attention_allowed(pack.tree_ids.to(device), pack.branch_ids.to(device))
+        mask = allowed[None, None]  # [1, 1, N, N]
     out = model(
         input_ids=pack.input_ids.to(device)[None],  # [1, N]
         position_ids=pack.position_ids.to(device)[None],  # [1, N]
-        attention_mask=None,
+        attention_mask=mask,
         use_cache=False,
     )
     return out.logits[0]  # [N, V]

@@ -164,7 +164,7 @@ def test_shipped_recipes_exist_and_gsm8k_tiny_values() -> None:
     assert cfg.model.path == "builtin:tiny-gsm8k"
     assert cfg.algorithm.estimator == "grpo"
     assert (cfg.data.prompts_per_step, cfg.data.group_size) == (32, 8)
-    assert cfg.optimizer.lr == pytest.approx(3e-4)
+    assert cfg.optimizer.lr == pytest.approx(1e-4)
     assert cfg.optimizer.warmup_steps > 0
     assert cfg.agent_loop.name == "gsm8k"
 

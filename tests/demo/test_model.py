@@ -52,9 +52,9 @@ def test_demo_config_is_a_3m_qwen2(tok):
 
 def test_cache_dir_follows_rltool_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("RLTOOL_CACHE", str(tmp_path))
-    assert demo_cache_dir() == tmp_path / "tiny-gsm8k-v1"
+    assert demo_cache_dir() == tmp_path / "tiny-gsm8k-v2"
     monkeypatch.delenv("RLTOOL_CACHE")
-    assert demo_cache_dir().parts[-3:] == (".cache", "rltool", "tiny-gsm8k-v1")
+    assert demo_cache_dir().parts[-3:] == (".cache", "rltool", "tiny-gsm8k-v2")
 
 
 def test_ensure_builds_once_into_the_cache(monkeypatch, tmp_path):
@@ -62,16 +62,16 @@ def test_ensure_builds_once_into_the_cache(monkeypatch, tmp_path):
 
     def fake_build(out_dir, seed=0, show_progress=True):
         calls.append(out_dir)
-        assert out_dir.parent == tmp_path and out_dir.name != "tiny-gsm8k-v1"  # a temp dir
+        assert out_dir.parent == tmp_path and out_dir.name != "tiny-gsm8k-v2"  # a temp dir
         (out_dir / "config.json").write_text("{}")
 
     monkeypatch.setenv("RLTOOL_CACHE", str(tmp_path))
     monkeypatch.setattr(demo_model, "build_demo_checkpoint", fake_build)
     path = ensure_demo_checkpoint(show_progress=False)
-    assert path == tmp_path / "tiny-gsm8k-v1" and (path / "config.json").is_file()
+    assert path == tmp_path / "tiny-gsm8k-v2" and (path / "config.json").is_file()
     assert ensure_demo_checkpoint(show_progress=False) == path
     assert len(calls) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-gsm8k-v1"]  # temp dir gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-gsm8k-v2"]  # temp dir gone
 
 
 def test_ensure_cleans_up_after_a_failed_build(monkeypatch, tmp_path):
@@ -90,11 +90,11 @@ def test_ensure_names_a_blocking_path(monkeypatch, tmp_path):
     def build(out_dir, seed=0, show_progress=True):
         (out_dir / "config.json").write_text("{}")
 
-    (tmp_path / "tiny-gsm8k-v1").mkdir()
-    (tmp_path / "tiny-gsm8k-v1" / "junk").write_text("x")
+    (tmp_path / "tiny-gsm8k-v2").mkdir()
+    (tmp_path / "tiny-gsm8k-v2" / "junk").write_text("x")
     monkeypatch.setenv("RLTOOL_CACHE", str(tmp_path))
     monkeypatch.setattr(demo_model, "build_demo_checkpoint", build)
-    with pytest.raises(ValueError, match=r"tiny-gsm8k-v1.*holds no checkpoint"):
+    with pytest.raises(ValueError, match=r"tiny-gsm8k-v2.*holds no checkpoint"):
         ensure_demo_checkpoint(show_progress=False)
 
 
