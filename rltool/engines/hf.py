@@ -14,6 +14,12 @@ Logprobs follow the trainer's convention: ``log_softmax(raw_logits / t)`` at
 the chosen token, with ``t`` the sampling temperature (1 for greedy), computed
 from the model's raw logits before top-p/top-k filtering.
 
+Repeated contexts (a GRPO group sends its prompt ``group_size`` times) share their
+prefill: each distinct context but its last token is run through the model once, the
+KV cache is copied out to its repeats, and ``generate`` continues from that cache with
+only the last token left to prefill. Models whose cache is not a plain
+``DynamicCache`` take the unshared path.
+
 A sequence ends at its first EOS or stop string (transformers'
 ``StopStringCriteria``); the EOS token or the stop string's tokens are kept,
 padding and anything after them are dropped.
@@ -25,6 +31,7 @@ rollouts.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
 
 from rltool.config.schema import SamplingConfig
@@ -86,6 +94,24 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
         ids[row, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
         mask[row, width - len(p) :] = 1
     return ids, mask
+
+
+def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions over the real tokens, 0 on padding: what ``generate`` derives from the mask."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # [B, P]
+
+
+def _can_share_prefill(model: PreTrainedModel) -> bool:
+    """Whether a cache built by one forward can be handed to ``generate`` (decoder-only,
+    default dynamic cache, positions and cache taken by ``forward``)."""
+    params = inspect.signature(model.forward).parameters
+    cfg_cache = getattr(model.generation_config, "cache_implementation", None)
+    return (
+        not model.config.is_encoder_decoder
+        and model._supports_default_dynamic_cache()
+        and cfg_cache is None
+        and {"position_ids", "cache", "use_cache"} <= params.keys()
+    )
 
 
 def _generation_config(sampling: SamplingConfig, eos: list[int], pad_id: int) -> GenerationConfig:
@@ -161,6 +187,7 @@ class HFEngine(RolloutEngine):
         batch_size: int = 64,
         model_step: int = 0,
         chunk_tokens: int | None = None,
+        share_prefill: bool = True,
     ):
         if batch_size < 1:
             raise ValueError(f"rollout.batch_size must be >= 1, got {batch_size}")
@@ -174,6 +201,11 @@ class HFEngine(RolloutEngine):
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_ids[0] if pad is None else pad
+        # False: every row prefills its own context, repeats included (the reference path)
+        self._share_prefill = share_prefill and _can_share_prefill(model)
+        # the prefix forward's logits are unused: keep only one position where the model allows
+        takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._prefix_kwargs = {"logits_to_keep": 1} if takes_keep else {}
         # weights handed over while a generate runs wait here for the next chunk boundary
         self._lock = threading.Lock()
         self._generating = False
@@ -300,11 +332,13 @@ class HFEngine(RolloutEngine):
         )
         cfg = _generation_config(sampling, self.eos_ids, self.pad_id)
         cfg.max_new_tokens = max_new
+        cache = self._shared_prefix_cache(contexts, mask)
         res = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             generation_config=cfg,
             stopping_criteria=[recorder],
+            **({} if cache is None else {"cache": cache}),
         )
         new = res.sequences[:, ids.shape[1] :]  # [B, T]
         temperature = sampling.temperature if sampling.temperature > 0 else 1.0
@@ -318,3 +352,35 @@ class HFEngine(RolloutEngine):
         tokens = [new[row, :n].tolist() for row, n in enumerate(lengths)]
         lps = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
         return tokens, lps, finished.tolist()
+
+    def _shared_prefix_cache(
+        self, contexts: Sequence[Sequence[int]], mask: torch.Tensor
+    ) -> DynamicCache | None:
+        """The KV cache of every row's padded context but its last token, each distinct
+        context computed once and copied to its repeats; None (the unshared path) where no
+        context repeats, the contexts are one token wide, or the model's cache is not a plain
+        ``DynamicCache``. ``mask`` [B, P] is the batch's left-padded attention mask."""
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]  # [B]
+        if not self._share_prefill or len(distinct) == len(contexts) or mask.shape[1] < 2:
+            return None
+        device = self.model.device
+        ids, umask = _left_pad(list(distinct), self.pad_id)  # [U, P]
+        assert umask.shape == (len(distinct), mask.shape[1]), "distinct contexts padded differently"
+        prefix_mask = umask[:, :-1]  # [U, P-1]
+        out = self.model(
+            input_ids=ids[:, :-1].to(device),
+            # generate drops an all-ones mask; so does the prefill, to run the same kernels
+            attention_mask=None if bool(mask.all()) else prefix_mask.to(device),
+            position_ids=_position_ids(prefix_mask).to(device),
+            use_cache=True,
+            **self._prefix_kwargs,
+        )
+        cache = getattr(out, "cache", None)
+        if type(cache) is not DynamicCache or any(
+            type(x) is not DynamicLayer for x in cache.layers
+        ):
+            self._share_prefill = False  # e.g. sliding-window or linear-attention layers
+            return None
+        cache.batch_select_indices(torch.tensor(row_of, device=device))  # [B] rows per distinct
+        return cache
