@@ -36,9 +36,10 @@ class RolloutConfig:
     num_workers: int = 1  # Ray rollout actors (backend: ray)
     ray_address: str | None = None  # None = start a local Ray; else a cluster address
     worker_threads: int = 1  # torch threads per rollout worker
-    # partial rollouts: generation runs in chunks of this many new tokens; a weight
-    # sync between chunks continues in-flight samples with the new weights
-    chunk_tokens: int | None = None  # None = whole generations (no pause points)
+    # partial rollouts: every this many new tokens is a pause point where a generation
+    # in flight takes weights synced meanwhile and continues with them (it stops only
+    # when new weights wait)
+    chunk_tokens: int | None = None  # None = no pause points: new weights wait for the next call
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.0)

@@ -4,9 +4,11 @@ In a synchronous run the engine samples from the very model object the trainer
 updates, so its weights are always the trainer's current ones: ``sync_weights``
 only records the train step that stamps the generated tokens. In an
 asynchronous run it owns a copy of the model and takes the trainer's weights
-with ``load_weights``; with ``chunk_tokens`` set a generation runs in chunks of
-that many new tokens and weights that arrive meanwhile are applied between two
-chunks (partial rollouts), each token keeping the version that produced it.
+with ``load_weights``; with ``chunk_tokens`` set, every ``chunk_tokens`` new
+tokens is a pause point: when weights arrived meanwhile, the call stops there,
+takes them and continues the unfinished rows from their tokens so far (partial
+rollouts), each token keeping the version that produced it. Without new weights
+it does not stop, so the KV cache is rebuilt only when the weights changed.
 Shape legend: B = sequences in a batch, P = padded context length,
 T = generated steps, V = vocabulary.
 
@@ -74,6 +76,19 @@ class _FinishRecorder(StoppingCriteria):
         n_new = input_ids.shape[1] - self.prompt_len
         self.lengths = torch.where(done & (self.lengths == 0), n_new, self.lengths)  # [B]
         return done.to(input_ids.device)
+
+
+class _PauseForWeights(StoppingCriteria):
+    """Ends the ``generate`` call at a pause point (every ``every`` new tokens) once new
+    weights wait; rows it stops are not finished and continue in the next call."""
+
+    def __init__(self, engine: HFEngine, prompt_len: int, every: int):
+        self.engine, self.prompt_len, self.every = engine, prompt_len, every
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        n_new = input_ids.shape[1] - self.prompt_len
+        pause = n_new % self.every == 0 and self.engine.weights_waiting
+        return torch.full((input_ids.shape[0],), pause, dtype=torch.bool, device=input_ids.device)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -215,6 +230,11 @@ class HFEngine(RolloutEngine):
     def model_step(self) -> int:
         return self._model_step
 
+    @property
+    def weights_waiting(self) -> bool:
+        """New weights were handed over during this generate and wait for a pause point."""
+        return self._pending is not None  # one reference read: no lock needed
+
     def sync_weights(self, model_step: int) -> None:
         """Record the step: the engine already samples from the trainer's model object."""
         if model_step < self._model_step:
@@ -225,8 +245,8 @@ class HFEngine(RolloutEngine):
         """Copy the trainer's weights of ``model_step`` into this engine's model; thread-safe.
 
         Idle: copied now. During a ``generate``: a snapshot waits and is applied at the
-        next chunk boundary (``chunk_tokens``) or when the call ends; a later call
-        replaces a snapshot still waiting.
+        next pause point (every ``chunk_tokens`` new tokens) or when the call ends; a
+        later call replaces a snapshot still waiting.
         """
         with self._lock:
             latest = self._pending[1] if self._pending is not None else self._model_step
@@ -283,11 +303,10 @@ class HFEngine(RolloutEngine):
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
-        """Whole generations, or chunks of ``chunk_tokens`` new tokens: after each chunk the
-        unfinished rows continue from prompt + tokens so far (finished rows drop out),
-        with any weights that arrived meanwhile."""
+        """Whole generations; with ``chunk_tokens``, a call that stopped at a pause point for
+        new weights is continued: the unfinished rows go on from prompt + tokens so far
+        (finished rows drop out) with the new weights."""
         rows = _RowsSoFar.empty(len(prompts))
-        chunk = self.chunk_tokens or sampling.max_new_tokens
         while True:
             active = [
                 r
@@ -300,7 +319,7 @@ class HFEngine(RolloutEngine):
             assert all(len(rows.tokens[r]) == done for r in active), "unfinished rows out of step"
             self._apply_pending()
             contexts = [[*prompts[r], *rows.tokens[r]] for r in active]
-            budget = min(chunk, sampling.max_new_tokens - done)
+            budget = sampling.max_new_tokens - done
             new, logprobs, finished = self._generate_rows(contexts, sampling, budget)
             for r, t, lp, fin in zip(active, new, logprobs, finished, strict=True):
                 rows.tokens[r] += t
@@ -330,6 +349,9 @@ class HFEngine(RolloutEngine):
         recorder = _FinishRecorder(
             ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(contexts)
         )
+        criteria: list[StoppingCriteria] = [recorder]
+        if self.chunk_tokens is not None:
+            criteria.append(_PauseForWeights(self, ids.shape[1], self.chunk_tokens))
         cfg = _generation_config(sampling, self.eos_ids, self.pad_id)
         cfg.max_new_tokens = max_new
         cache = self._shared_prefix_cache(contexts, mask)
@@ -337,7 +359,7 @@ class HFEngine(RolloutEngine):
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             generation_config=cfg,
-            stopping_criteria=[recorder],
+            stopping_criteria=criteria,
             **({} if cache is None else {"cache": cache}),
         )
         new = res.sequences[:, ids.shape[1] :]  # [B, T]

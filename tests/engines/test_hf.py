@@ -10,6 +10,7 @@ from rltool.config.schema import SamplingConfig
 from rltool.demo.data import Problem, prompt_messages
 from rltool.demo.model import demo_model_config, encode_sft_example
 from rltool.demo.tokenizer import train_demo_tokenizer
+from rltool.engines import hf
 from rltool.engines.hf import HFEngine
 
 ANSWER = "7 + 5 = 12\n#### 12"
@@ -243,23 +244,22 @@ def test_load_weights_when_idle_copies_now(model, tokenizer):
         engine.load_weights(other, 3)
 
 
-def test_weights_loaded_mid_generation_apply_at_the_next_chunk(model, tokenizer):
-    """Chunks of 2 tokens; weights of step 3 arrive after the first chunk: steps [1, 1, 3, 3],
-    and the last two tokens are the new policy's greedy continuation of the first two."""
+def test_weights_loaded_mid_generation_apply_at_the_next_pause_point(model, tokenizer, monkeypatch):
+    """Pause points every 2 tokens; weights of step 3 arrive after the first token: the call
+    stops at token 2, steps [1, 1, 3, 3], and the last two tokens are the new policy's greedy
+    continuation of the first two."""
     engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2)
     other = _other_weights(tokenizer)
-    first_chunk = engine._generate_rows
-    calls = []
+    record = hf._FinishRecorder.__call__
 
-    def load_after_first_chunk(*args):
-        out = first_chunk(*args)
-        calls.append(len(calls))
-        if len(calls) == 1:
+    def load_after_first_token(self, input_ids, scores, **kwargs):
+        first_token = input_ids.shape[1] - self.prompt_len == 1
+        if first_token and engine.model_step == 1 and not engine.weights_waiting:
             engine.load_weights(other, 3)
             assert engine.model_step == 1  # deferred: the generation is still running
-        return out
+        return record(self, input_ids, scores, **kwargs)
 
-    engine._generate_rows = load_after_first_chunk
+    monkeypatch.setattr(hf._FinishRecorder, "__call__", load_after_first_token)
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=4)
     [gen] = engine.generate([prompt(tokenizer)], sampling)
     assert gen.model_steps == [1, 1, 3, 3]
@@ -277,6 +277,16 @@ def test_weights_loaded_mid_generation_apply_at_the_next_chunk(model, tokenizer)
     )
     assert gen.token_ids[2:] == rest.token_ids
     assert engine.model_step == 3
+
+
+def test_pause_points_without_new_weights_do_not_stop_generation(model, tokenizer):
+    engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2)
+    calls = []
+    generate_rows = engine._generate_rows
+    engine._generate_rows = lambda *args: calls.append(1) or generate_rows(*args)
+    [gen] = engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=6))
+    assert len(calls) == 1  # one generate call: the KV cache is never rebuilt
+    assert gen.model_steps == [1] * len(gen.token_ids)
 
 
 def test_load_weights_from_another_thread_waits_for_a_chunk_boundary(model, tokenizer):
