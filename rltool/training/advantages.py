@@ -111,11 +111,19 @@ def cluster_rewards(group: Sequence[RolloutState]) -> ClusterRewards:
     index: dict[str, int] = {}
     member_cluster = [index.setdefault(s.session_id or s.rollout_id, len(index)) for s in group]
     member_M = np.array(member_cluster, dtype=np.int64)  # [M]
-    scores = [s.score for s in group]
-    has_M = np.array([x is not None for x in scores])  # [M]
-    scores_M = np.array([0.0 if x is None else float(x) for x in scores])  # [M]
-    n_C = np.bincount(member_M, weights=has_M, minlength=len(index))  # [C]
-    sum_C = np.bincount(member_M, weights=scores_M, minlength=len(index))  # [C]
-    rewards_C = np.full(len(index), np.nan)  # [C] NaN: no member has a score
-    np.divide(sum_C, n_C, out=rewards_C, where=n_C > 0)
+    rewards_C = cluster_mean_scores(member_M, [s.score for s in group], len(index))  # [C]
     return ClusterRewards(list(index), rewards_C, member_M)
+
+
+def cluster_mean_scores(
+    cluster_S: np.ndarray, scores: Sequence[float | None], n_clusters: int
+) -> np.ndarray:
+    """[C] mean score of each cluster's scored members; NaN where no member has a score.
+    ``cluster_S`` [S] is the cluster of each sample, ``scores`` [S] their scores."""
+    has_S = np.array([x is not None for x in scores], dtype=np.float64)  # [S]
+    scores_S = np.array([0.0 if x is None else float(x) for x in scores])  # [S]
+    n_C = np.bincount(cluster_S, weights=has_S, minlength=n_clusters)  # [C]
+    sum_C = np.bincount(cluster_S, weights=scores_S, minlength=n_clusters)  # [C]
+    rewards_C = np.full(n_clusters, np.nan)  # [C] NaN: no member has a score
+    np.divide(sum_C, n_C, out=rewards_C, where=n_C > 0)
+    return rewards_C

@@ -51,7 +51,7 @@ from rltool.config.schema import RecipeConfig
 from rltool.rollout.cached_list import cached_array, is_join
 from rltool.rollout.contract import LOGPROB_TOLERANCE, check_group, check_group_identity, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, group_status
-from rltool.training.advantages import get_estimator
+from rltool.training.advantages import cluster_mean_scores, get_estimator
 from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
 from rltool.training.packing import pack_lengths, padding_waste
 from rltool.training.staleness import (
@@ -467,13 +467,7 @@ def _clusters(groups: Sequence[Sequence[RolloutState]]) -> tuple[np.ndarray, np.
     ]
     cluster_S = np.array(cluster, dtype=np.int64)  # [S]
     scores = [s.score for group in groups for s in group]
-    has_S = np.array([x is not None for x in scores])  # [S]
-    scores_S = np.array([0.0 if x is None else float(x) for x in scores])  # [S]
-    n_C = np.bincount(cluster_S, weights=has_S, minlength=len(index))  # [C]
-    sum_C = np.bincount(cluster_S, weights=scores_S, minlength=len(index))  # [C]
-    rewards_C = np.full(len(index), np.nan)  # [C] NaN: no member has a score
-    np.divide(sum_C, n_C, out=rewards_C, where=n_C > 0)
-    return rewards_C, cluster_S
+    return cluster_mean_scores(cluster_S, scores, len(index)), cluster_S
 
 
 def _advantages(groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig) -> _Advantages:
