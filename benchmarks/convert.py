@@ -37,7 +37,8 @@ import torch
 from rltool.rollout.cached_list import CachedList
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.batch import Pack, TrainBatch
-from rltool.training.convert import ConversionConfig, _concat, convert_groups
+from rltool.training.convert import ConversionConfig, convert_groups
+from rltool.training.flat import concat_field
 from rltool.training.packing import pack_lengths
 
 GROUP_SIZE = 8
@@ -244,9 +245,9 @@ def _read_lists(groups: list[list[RolloutState]]) -> None:
     """Only read input_ids, labels and logprobs of every sample into arrays, as convert does."""
     samples = [s for g in groups for s in g]
     sizes = [len(s.input_ids) for s in samples]
-    _concat(samples, "input_ids", sizes, "q", np.int64)
-    _concat(samples, "labels", sizes, "q", np.int64)
-    _concat(samples, "logprobs", sizes, "d", np.float64)
+    concat_field(samples, "input_ids", sizes, "q", np.int64)
+    concat_field(samples, "labels", sizes, "q", np.int64)
+    concat_field(samples, "logprobs", sizes, "d", np.float64)
 
 
 @dataclass

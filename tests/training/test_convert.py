@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import rltool.training.convert as convert_module
+import rltool.training.flat as flat_module
 from rltool.agent_loops.base import build_prompt_response_fields
 from rltool.config.schema import AlgorithmConfig, RecipeConfig, TrainerConfig
 from rltool.rollout.cached_list import CachedList, cached_array, is_join
@@ -602,7 +602,7 @@ def test_screening_agrees_with_check_group(
         assert isinstance(batch.packs[0], Pack)
 
 
-@pytest.mark.parametrize("block", [3, convert_module._BLOCK])
+@pytest.mark.parametrize("block", [3, flat_module._BLOCK])
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
 def test_cached_fields_mutated_in_place_are_read_fresh(
     corruption: str, block: int, monkeypatch: pytest.MonkeyPatch
@@ -610,7 +610,7 @@ def test_cached_fields_mutated_in_place_are_read_fresh(
     """Every corruption of a canonicalized sample, made in place after canonicalization,
     is seen: the screen agrees with check_group, which reads the lists. Blocks of 3
     positions put block boundaries inside the samples."""
-    monkeypatch.setattr(convert_module, "_BLOCK", block)
+    monkeypatch.setattr(flat_module, "_BLOCK", block)
     group = [
         make(f"s{k}", [1, 2], [100, 101, 102], [1, 0, 1], [-0.5] * 3, score=float(k), cached=True)
         for k in range(2)
