@@ -12,7 +12,7 @@ import os
 import signal
 from pathlib import Path
 
-import torch
+from short_runs import short_train_args
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
@@ -23,28 +23,18 @@ RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
 
 
 def _small(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "train",
+    return short_train_args(
         RECIPE,
-        f"model.path={ckpt}",
-        f"logging.run_dir={run_dir}",
-        "logging.name=t",
-        f"trainer.steps={steps}",
-        "trainer.eval_every=0",
-        "trainer.time_budget_s=null",
-        "data.prompts_per_step=3",
-        "data.group_size=2",
-        "data.eval_limit=4",
+        ckpt,
+        run_dir,
+        steps,
         "rollout.sampling.max_new_tokens=6",
         "rollout.eval_sampling.max_new_tokens=6",
-        "optimizer.init_from_checkpoint=false",
-        "trainer.pack_max_length=256",
         *extra,
-    ]
+    )
 
 
 def _run(args: list[str]):
-    torch.set_num_threads(1)
     return CliRunner().invoke(app, args, catch_exceptions=False)
 
 

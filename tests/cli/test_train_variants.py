@@ -7,30 +7,22 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from short_runs import short_train_args
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
 
 RECIPES = Path(__file__).parents[2] / "recipes"
-SMALL = [
-    "logging.name=t",
-    "trainer.steps=2",
-    "trainer.eval_every=0",
-    "trainer.time_budget_s=null",
+SMALL = [  # on top of short_train_args
     "data.prompts_per_step=4",
-    "data.group_size=2",
-    "data.eval_limit=4",
     "rollout.sampling.max_new_tokens=6",
     "rollout.eval_sampling.max_new_tokens=6",
-    "trainer.pack_max_length=256",
 ]
 
 
 def _train(recipe: str, ckpt: Path, run_dir: Path, *extra: str) -> list[dict]:
-    torch.set_num_threads(1)
-    args = ["train", str(RECIPES / recipe), f"model.path={ckpt}", f"logging.run_dir={run_dir}"]
-    result = CliRunner().invoke(app, [*args, *SMALL, *extra], catch_exceptions=False)
+    args = short_train_args(RECIPES / recipe, ckpt, run_dir, 2, *SMALL, *extra)
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return [json.loads(x) for x in (run_dir / "t" / "metrics.jsonl").read_text().splitlines()]
 

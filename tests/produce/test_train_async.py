@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from short_runs import short_train_args
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
@@ -18,24 +19,9 @@ RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_async.yaml")
 
 
 def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "train",
-        RECIPE,
-        "rollout.backend=inprocess",
-        f"model.path={ckpt}",
-        f"logging.run_dir={run_dir}",
-        "logging.name=t",
-        f"trainer.steps={steps}",
-        "trainer.eval_every=0",
-        "trainer.time_budget_s=null",
-        "data.prompts_per_step=3",
-        "data.group_size=2",
-        "data.eval_limit=4",
-        "optimizer.init_from_checkpoint=false",
-        "trainer.pack_max_length=256",
-        "--dump-rollouts",
-        *extra,
-    ]
+    return short_train_args(
+        RECIPE, ckpt, run_dir, steps, "rollout.backend=inprocess", "--dump-rollouts", *extra
+    )
 
 
 def _run(args: list[str]):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from short_runs import short_train_args
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
@@ -153,23 +154,16 @@ def test_killed_ray_worker_is_reported_restarted_and_loses_no_group(
 
     monkeypatch.setattr(run_module, "build_backend", build_backend)
     steps, prompts, group_size = 4, 3, 2
-    args = [
-        "train",
+    args = short_train_args(
         RECIPE,
+        tiny_checkpoint,
+        tmp_path,
+        steps,
         "rollout.num_workers=2",
-        f"model.path={tiny_checkpoint}",
-        f"logging.run_dir={tmp_path}",
-        "logging.name=t",
-        f"trainer.steps={steps}",
-        "trainer.eval_every=0",
-        "trainer.time_budget_s=null",
         f"data.prompts_per_step={prompts}",
         f"data.group_size={group_size}",
-        "data.eval_limit=4",
-        "optimizer.init_from_checkpoint=false",
-        "trainer.pack_max_length=256",
         "--dump-rollouts",
-    ]
+    )
     before = torch.get_num_threads()
     try:
         result = CliRunner().invoke(app, args, catch_exceptions=False)

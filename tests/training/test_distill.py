@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from tiny_models import random_qwen2
 
 from rltool.config.schema import AlgorithmConfig, DistillConfig, OptimizerConfig
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
@@ -37,17 +37,7 @@ TASK = "gsm8k"
 
 
 def tiny_qwen2(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    )
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return random_qwen2(VOCAB, seed=seed, hidden_size=32, intermediate_size=64, max_positions=64)
 
 
 def sample(rid: str, prompt: list[int], response: list[int], gid: str = "g") -> RolloutState:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from tiny_models import random_qwen2
 
 from rltool.config.schema import AlgorithmConfig, OptimizerConfig
 from rltool.training.batch import Pack
@@ -34,17 +34,7 @@ METRIC_KEYS = {
 
 
 def tiny_qwen2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-    )
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return random_qwen2(VOCAB)
 
 
 def make_samples(advantages: list[float], seed: int = 1) -> list[dict]:

@@ -1,0 +1,28 @@
+"""Command lines for short `rltool train` runs in tests: a few steps, tiny batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def short_train_args(
+    recipe: str | Path, ckpt: Path, run_dir: Path, steps: int, *extra: str
+) -> list[str]:
+    """`rltool train RECIPE` on ``ckpt`` for ``steps`` steps of 3 prompts x 2 samples, no
+    evaluation between steps, no time budget; ``extra`` overrides or flags come last."""
+    return [
+        "train",
+        str(recipe),
+        f"model.path={ckpt}",
+        f"logging.run_dir={run_dir}",
+        "logging.name=t",
+        f"trainer.steps={steps}",
+        "trainer.eval_every=0",
+        "trainer.time_budget_s=null",
+        "data.prompts_per_step=3",
+        "data.group_size=2",
+        "data.eval_limit=4",
+        "optimizer.init_from_checkpoint=false",
+        "trainer.pack_max_length=256",
+        *extra,
+    ]
