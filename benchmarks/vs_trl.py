@@ -37,8 +37,9 @@ from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
+from rltool.produce.producer import rollout_metrics
 from rltool.rewards.gsm8k import gsm8k_reward
-from rltool.training.run import build_run, evaluate, generate_step, rollout_metrics
+from rltool.training.run import build_run, evaluate, generate_step
 from rltool.training.sampler import PromptSampler
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "gsm8k_tiny.yaml"
@@ -105,7 +106,7 @@ def run_rltool(model_dir: Path, seed: int, budget_s: float, max_steps: int) -> R
         run.step += 1
         run.producer.update_weights(run.model, run.step)
         step_s.append(time.perf_counter() - t0)
-        m = rollout_metrics(run, groups)
+        m = rollout_metrics(groups)
         print(
             f"  rltool step {run.step:3d}  {step_s[-1]:5.2f} s (generate {t_gen:.2f})  "
             f"reward {m['rollout/reward_mean']:.3f}  "

@@ -152,7 +152,7 @@ class TeacherScorer:
         device = model_device(self.model)
         kind = self.cfg.mode
         for row in rows:
-            ids = torch.tensor([t for i in row for t in sequences[i]], device=device)  # [N]
+            ids = torch.cat([torch.as_tensor(sequences[i]) for i in row]).to(device)  # [N]
             lens = torch.tensor([lengths[i] for i in row], device=device)  # [S]
             starts = torch.cumsum(lens, 0) - lens  # [S]
             position_ids = torch.arange(len(ids), device=device) - starts.repeat_interleave(lens)

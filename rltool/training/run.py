@@ -28,7 +28,6 @@ from rltool.engines.hf import HFEngine
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.producer import Producer
-from rltool.produce.producer import rollout_metrics as _rollout_metrics
 from rltool.produce.tasks import (
     TaskSampler,
     TaskSpec,
@@ -167,11 +166,6 @@ def evaluate(run: Run) -> dict[str, float]:
         name = run.specs[0].name
         return backend.evaluate(name, run.eval_rows[name], sampling)
     return evaluate_tasks(backend.evaluate, run.specs, run.eval_rows, sampling)
-
-
-def rollout_metrics(run: Run, groups: list[list[RolloutState]]) -> dict[str, float]:
-    """Reward and status figures over every generated sample, before filtering."""
-    return _rollout_metrics(groups)
 
 
 class StopRequest:
