@@ -145,4 +145,5 @@ def test_non_root_mode(bwrap, live_processes):
     assert ident[0] == "ok" and ident[1].split()[0] == "65534"
     assert "cannot access '/root'" in ident[2]
     assert background == ["ok", "bg\n", ""]
-    assert live_processes("sleep\x0030") == [] and live_processes("sleep\x00987660") == []
+    # argv ["sleep", "30"] exactly: the NUL ends the argument (a `sleep 300` elsewhere is not ours)
+    assert live_processes("sleep\x0030\x00") == [] and live_processes("sleep\x00987660") == []
