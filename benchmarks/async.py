@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rltool.app.driver import train
 from rltool.config.loader import load_recipe
 from rltool.report.train_view import TrainView
-from rltool.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

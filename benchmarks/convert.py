@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from rltool.packing import pack_lengths
 from rltool.rollout.cached_list import CachedList
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.batch import Pack, TrainBatch
 from rltool.training.convert import ConversionConfig, convert_groups
 from rltool.training.flat import concat_field
-from rltool.training.packing import pack_lengths
 
 GROUP_SIZE = 8
 VOCAB = 32_000

@@ -33,14 +33,14 @@ import torch
 
 from rltool.agent_loops.base import get_agent_loop
 from rltool.agent_loops.gsm8k import ground_truth_of
+from rltool.app.run import build_run, evaluate, generate_step
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
 from rltool.produce.producer import rollout_metrics
+from rltool.produce.sampler import PromptSampler
 from rltool.rewards.gsm8k import gsm8k_reward
-from rltool.training.run import build_run, evaluate, generate_step
-from rltool.training.sampler import PromptSampler
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "gsm8k_tiny.yaml"
 

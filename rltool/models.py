@@ -1,6 +1,6 @@
 """Loading the policy model and tokenizer from a recipe's ``model`` section.
 
-``builtin:tiny-gsm8k`` is first built into the cache (see ``rltool.demo.model``)
+``builtin:tiny-gsm8k`` is built into the cache by the application (``rltool.demo.model``)
 and then loaded from that directory through the very same path as a user's
 local checkpoint, so the demo exercises the real loading code. Nothing is ever
 fetched from a model hub (``local_files_only=True``).
@@ -19,10 +19,15 @@ from transformers import (
 )
 
 from rltool.config.schema import ModelConfig
+from rltool.demo.cache import BUILTIN_DIRS, demo_cache_dir
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-gsm8k", "tiny-gsm8k-student")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's (first) parameters."""
+    return next(model.parameters()).device
 
 
 def resolve_device(device: str) -> torch.device:
@@ -42,18 +47,27 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def resolve_model_path(path: str) -> Path:
-    """The checkpoint directory for ``model.path`` (building the builtin demo on first use)."""
-    if path.startswith(BUILTIN_PREFIX):
-        name = path.removeprefix(BUILTIN_PREFIX)
-        if name not in BUILTIN_MODELS:
-            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
-            raise ValueError(f"model.path: unknown builtin model {path!r}; known: {known}")
-        from rltool.demo.model import (
-            ensure_demo_checkpoint,  # heavy: only when the demo is asked for
-        )
+def check_builtin_model(path: str) -> str:
+    """The name of a ``builtin:<name>`` model path, or a ValueError listing the known ones."""
+    name = path.removeprefix(BUILTIN_PREFIX)
+    if name not in BUILTIN_DIRS:
+        known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DIRS)
+        raise ValueError(f"model.path: unknown builtin model {path!r}; known: {known}")
+    return name
 
-        return ensure_demo_checkpoint(builtin=name)
+
+def resolve_model_path(path: str) -> Path:
+    """The checkpoint directory for ``model.path``; a builtin demo must have been built
+    (``rltool.demo.model.ensure_demo_checkpoint``; ``rltool train`` does it on first use)."""
+    if path.startswith(BUILTIN_PREFIX):
+        name = check_builtin_model(path)
+        built = demo_cache_dir(name)
+        if not (built / "config.json").is_file():
+            raise ValueError(
+                f"model.path: {path} is not built yet (no checkpoint in {built}); `rltool train` "
+                "builds it on first use, or run `python -m rltool.demo.model`"
+            )
+        return built
     local = Path(path).expanduser()
     if not local.is_dir():
         raise ValueError(

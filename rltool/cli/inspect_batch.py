@@ -68,7 +68,7 @@ def _groups_from_file(path: Path) -> GroupSource:
 
 def _groups_from_recipe(path: Path, overrides: list[str]) -> GroupSource:
     """One step of the recipe's generation (its model, loop and conversion settings)."""
-    module_name = "rltool.training.run"
+    module_name = "rltool.app.run"
     try:
         run = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -78,7 +78,7 @@ def _groups_from_recipe(path: Path, overrides: list[str]) -> GroupSource:
     generate = getattr(run, "generate_batch_from_recipe", None)
     if generate is None:
         raise typer.BadParameter(
-            "recipe mode needs rltool train's generation (rltool.training.run."
+            "recipe mode needs rltool train's generation (rltool.app.run."
             "generate_batch_from_recipe), which this installation lacks; pass a rollout "
             "JSONL file instead (rltool train --dump-rollouts writes one)",
             param_hint="FILE",

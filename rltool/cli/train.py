@@ -38,8 +38,8 @@ def train(
         Console().print(Syntax(recipe_to_yaml(cfg), "yaml"))
         return
 
+    from rltool.app.driver import train as run_training
     from rltool.report.train_view import TrainView
-    from rltool.training.trainer import train as run_training
 
     view = TrainView(quiet=quiet)
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -30,14 +29,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from rltool.config.schema import SamplingConfig
+from rltool.demo.cache import DEMO_NAME, STUDENT_NAME, demo_cache_dir
 from rltool.demo.data import GSM8K_TINY_DIR, Problem, extract_answer, prompt_messages, read_jsonl
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.engines.hf import HFEngine
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.optim import lr_multiplier
 
-DEMO_NAME = "tiny-gsm8k-v2"  # v2: the smaller fact table of data.py
-STUDENT_NAME = "tiny-gsm8k-student-v2"
 OPTIMIZER_FILE = "optimizer.pt"
 BUILD_INFO_FILE = "build_info.json"
 
@@ -68,10 +66,10 @@ class SFTSettings:
 # The weak student of recipes/gsm8k_tiny_distill.yaml: the demo model, tokenizer and data,
 # SFT stopped after 30 steps (before it can answer), so the demo checkpoint can teach it.
 STUDENT_SFT = SFTSettings(max_steps=30, warmup_steps=10, target_accuracy=None, eval_problems=100)
-# builtin name -> (cache directory name, extra build_demo_checkpoint arguments)
-BUILTIN_CHECKPOINTS: dict[str, tuple[str, dict]] = {
-    "tiny-gsm8k": (DEMO_NAME, {}),
-    "tiny-gsm8k-student": (STUDENT_NAME, {"settings": STUDENT_SFT, "name": STUDENT_NAME}),
+# builtin name -> extra build_demo_checkpoint arguments
+BUILD_ARGS: dict[str, dict] = {
+    "tiny-gsm8k": {},
+    "tiny-gsm8k-student": {"settings": STUDENT_SFT, "name": STUDENT_NAME},
 }
 
 
@@ -249,17 +247,10 @@ def build_demo_checkpoint(
     return info
 
 
-def demo_cache_dir(builtin: str = "tiny-gsm8k") -> Path:
-    """``$RLTOOL_CACHE/tiny-gsm8k-v2`` (the student: ``tiny-gsm8k-student-v2``), with
-    RLTOOL_CACHE defaulting to ``~/.cache/rltool``."""
-    root = os.environ.get("RLTOOL_CACHE") or Path.home() / ".cache" / "rltool"
-    return Path(root).expanduser() / BUILTIN_CHECKPOINTS[builtin][0]
-
-
 def ensure_demo_checkpoint(show_progress: bool = True, builtin: str = "tiny-gsm8k") -> Path:
     """The checkpoint directory of ``builtin:<builtin>``, built on first use (atomically:
     temp dir, then rename)."""
-    cache_name, build_args = BUILTIN_CHECKPOINTS[builtin]
+    build_args = BUILD_ARGS[builtin]
     final = demo_cache_dir(builtin)
     if (final / "config.json").is_file():
         return final
@@ -269,7 +260,7 @@ def ensure_demo_checkpoint(show_progress: bool = True, builtin: str = "tiny-gsm8
             f"Building the demo model builtin:{builtin} into {final} "
             "(first use only; about a minute on 2 CPU cores)"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{cache_name}-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
         build_demo_checkpoint(tmp, seed=0, show_progress=show_progress, **build_args)
         tmp.chmod(0o755)  # mkdtemp made it private; the cache is an ordinary directory
@@ -286,3 +277,17 @@ def ensure_demo_checkpoint(show_progress: bool = True, builtin: str = "tiny-gsm8
         if tmp.exists():
             shutil.rmtree(tmp)
     return final
+
+
+def ensure_builtin_models(*paths: str | None, show_progress: bool = True) -> None:
+    """Build every ``builtin:<name>`` among ``paths`` that is not in the cache yet."""
+    from rltool.models import BUILTIN_PREFIX, check_builtin_model
+
+    for path in paths:
+        if path and path.startswith(BUILTIN_PREFIX):
+            ensure_demo_checkpoint(show_progress, builtin=check_builtin_model(path))
+
+
+if __name__ == "__main__":  # python -m rltool.demo.model: build every builtin checkpoint
+    for name in BUILD_ARGS:
+        print(ensure_demo_checkpoint(builtin=name))

@@ -36,8 +36,8 @@ from typing import Any
 
 from rltool.config.schema import RecipeConfig
 from rltool.produce.result import Accounting, Fate
+from rltool.rollout.staleness import bake_staleness, sample_threshold, token_threshold
 from rltool.rollout.state import RolloutState, Status, group_status
-from rltool.training.staleness import bake_staleness, sample_threshold, token_threshold
 
 Group = list[RolloutState]
 ORDERS = ("fifo", "stalest")

@@ -47,8 +47,8 @@ from rltool.produce.result import (
 )
 from rltool.produce.tasks import TaskSampler, per_task_metrics
 from rltool.produce.worker import FINISHED_AT
+from rltool.rollout.staleness import token_staleness
 from rltool.rollout.state import RolloutState, Status
-from rltool.training.staleness import token_staleness
 
 Group = list[RolloutState]
 MODES = ("sync", "async")

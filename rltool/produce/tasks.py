@@ -28,8 +28,8 @@ import numpy as np
 from rltool.agent_loops.base import AgentLoop, get_agent_loop
 from rltool.config.schema import AgentLoopConfig, RecipeConfig
 from rltool.produce.allocation import allocate
+from rltool.produce.sampler import PromptSampler
 from rltool.rollout.state import RolloutState
-from rltool.training.sampler import PromptSampler
 
 # eval metrics that add up over tasks; every other eval metric is a per-row mean
 _EVAL_SUM_KEYS = frozenset({"eval/n", "eval/reward_errors"})

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rltool.rollout.state import RolloutState
 from rltool.training.batch import TrainBatch
 from rltool.training.convert import ConversionConfig, convert_groups
-from rltool.training.update import PolicyUpdater
+from rltool.training.updater import PolicyUpdater
 
 
 @dataclass(slots=True)

@@ -47,6 +47,13 @@ import numpy as np
 import torch
 
 from rltool.config.schema import RecipeConfig
+from rltool.packing import pack_lengths, padding_waste
+from rltool.rollout.staleness import (
+    bake_staleness,
+    sample_threshold,
+    token_staleness,
+    token_threshold,
+)
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, group_status
 from rltool.training.advantages import cluster_mean_scores, get_estimator
 from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
@@ -58,13 +65,6 @@ from rltool.training.flat import (
     segments,
     shape_ok,
     token_errors_S,
-)
-from rltool.training.packing import pack_lengths, padding_waste
-from rltool.training.staleness import (
-    bake_staleness,
-    sample_threshold,
-    token_staleness,
-    token_threshold,
 )
 
 log = logging.getLogger(__name__)

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.batch import Pack
 from rltool.training.prefix_share import SharedPack, attention_allowed
 
 _ENTROPY_CHUNK = 1024  # rows per chunk when entropy is only a metric (bounds the [N, V] copy)
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:

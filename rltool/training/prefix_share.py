@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rltool.packing import pack_lengths
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.batch import Pack
 from rltool.training.losses import sequence_ids
-from rltool.training.packing import pack_lengths
 
 _PER_POSITION = ("input_ids", "targets", "advantages", "rollout_logprobs", "position_ids")
 

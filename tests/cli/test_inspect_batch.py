@@ -259,7 +259,7 @@ def test_overrides_need_a_recipe():
 
 
 def test_recipe_mode_without_generation_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rltool.training.run", None)  # import fails as if absent
+    monkeypatch.setitem(sys.modules, "rltool.app.run", None)  # import fails as if absent
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer:\n  steps: 1\n")
     result = inspect(recipe)
@@ -276,9 +276,9 @@ def test_recipe_mode_converts_generated_groups(tmp_path, monkeypatch):
         cfg = ConversionConfig.from_recipe(RecipeConfig())
         return read_groups(ROLLOUTS), None, cfg, 5
 
-    fake = types.ModuleType("rltool.training.run")
+    fake = types.ModuleType("rltool.app.run")
     fake.generate_batch_from_recipe = generate_batch_from_recipe
-    monkeypatch.setitem(sys.modules, "rltool.training.run", fake)
+    monkeypatch.setitem(sys.modules, "rltool.app.run", fake)
     recipe = tmp_path / "r.yml"
     recipe.write_text("trainer:\n  steps: 1\n")
     result = inspect(recipe, "trainer.seed=1", *CONVERSION_OPTIONS, "--format", "json")

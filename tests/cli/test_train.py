@@ -15,9 +15,9 @@ from pathlib import Path
 from short_runs import short_train_args
 from typer.testing import CliRunner
 
+from rltool.app.run import StopRequest
 from rltool.cli.app import app
 from rltool.rollout.io import read_groups
-from rltool.training.run import StopRequest
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
 

@@ -15,8 +15,8 @@ from produce_fakes import X, generate, group, ids, sample
 from rltool.config.schema import AlgorithmConfig, RecipeConfig
 from rltool.produce.buffer import KEPT_ON_RESET, BufferConfig, ReplayBuffer, reset_to_prompt
 from rltool.produce.result import Fate
+from rltool.rollout.staleness import bake_staleness
 from rltool.rollout.state import RolloutState, Status
-from rltool.training.staleness import bake_staleness
 
 
 def test_put_then_take_equals_one_bake_at_the_take_step() -> None:

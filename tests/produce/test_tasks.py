@@ -17,6 +17,7 @@ from rltool.demo.data import GSM8K_TINY_DIR, read_jsonl
 from rltool.demo.tasks_split import main as split_main
 from rltool.demo.tasks_split import operation_of, split_by_operation
 from rltool.engines.base import Generation, RolloutEngine
+from rltool.produce.sampler import PromptSampler
 from rltool.produce.tasks import (
     TaskSampler,
     TaskSpec,
@@ -27,7 +28,6 @@ from rltool.produce.tasks import (
     task_specs,
 )
 from rltool.rollout.state import RolloutState, Status
-from rltool.training.sampler import PromptSampler
 
 REPO = Path(__file__).resolve().parents[2]
 MULTITASK_RECIPE = REPO / "recipes" / "gsm8k_tiny_multitask.yaml"

@@ -11,9 +11,9 @@ import torch
 from short_runs import short_train_args
 from typer.testing import CliRunner
 
+from rltool.app.checkpoint import latest_checkpoint, load_trainer_state
 from rltool.cli.app import app
 from rltool.rollout.io import read_groups
-from rltool.training.checkpoint import latest_checkpoint, load_trainer_state
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_async.yaml")
 

@@ -16,21 +16,19 @@ import torch
 from tiny_models import random_qwen2
 
 from rltool.config.schema import AlgorithmConfig, DistillConfig, OptimizerConfig
+from rltool.produce.teacher import TeacherScorer, check_same_tokenizer, teacher_targets_from_logits
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.batch import Pack
 from rltool.training.convert import ConversionConfig, convert_groups
 from rltool.training.distill import (
-    TeacherScorer,
-    check_same_tokenizer,
     distill_term,
     forward_kl_topk,
     forward_logprobs_distill,
     reverse_kl_sampled,
-    teacher_targets_from_logits,
 )
 from rltool.training.logprobs import forward_logprobs
 from rltool.training.optim import build_scheduler
-from rltool.training.update import PolicyUpdater
+from rltool.training.updater import PolicyUpdater
 
 VOCAB = 61
 TASK = "gsm8k"

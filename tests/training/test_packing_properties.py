@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rltool.packing import pack_lengths, padding_waste
 from rltool.rollout.cached_list import CachedList
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.convert import ConversionConfig, convert_groups
-from rltool.training.packing import pack_lengths, padding_waste
 
 # ---------------------------------------------------------------- pack_lengths
 

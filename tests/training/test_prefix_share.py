@@ -19,7 +19,7 @@ from rltool.training.prefix_share import (
     share_prefixes,
     supports_shared_rows,
 )
-from rltool.training.update import PolicyUpdater
+from rltool.training.updater import PolicyUpdater
 
 VOCAB = 101
 

@@ -7,13 +7,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rltool.config.loader import recipe_to_yaml
-from rltool.config.schema import RecipeConfig
-from rltool.report.train_view import TrainView
-from rltool.rollout.io import write_rollouts
-from rltool.training.checkpoint import save_checkpoint
-from rltool.training.metrics_log import MetricsWriter
-from rltool.training.run import (
+from rltool.app.checkpoint import save_checkpoint
+from rltool.app.metrics_log import MetricsWriter
+from rltool.app.run import (
     Run,
     StopRequest,
     build_run,
@@ -21,6 +17,10 @@ from rltool.training.run import (
     resume,
     trainer_state,
 )
+from rltool.config.loader import recipe_to_yaml
+from rltool.config.schema import RecipeConfig
+from rltool.report.train_view import TrainView
+from rltool.rollout.io import write_rollouts
 
 
 @dataclass(slots=True)

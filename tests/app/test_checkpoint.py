@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rltool.training import checkpoint as ckpt_mod
-from rltool.training.checkpoint import (
+from rltool.app.checkpoint import (
     TrainerState,
     capture_rng,
     latest_checkpoint,
@@ -15,7 +14,8 @@ from rltool.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from rltool.training.sampler import PromptSampler
+from rltool.produce.sampler import PromptSampler
+from rltool.app import checkpoint as ckpt_mod
 
 
 class _Tok:

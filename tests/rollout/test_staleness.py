@@ -8,13 +8,13 @@ import pytest
 
 from rltool.config.schema import AlgorithmConfig
 from rltool.rollout.contract import check_sample, errors
-from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
-from rltool.training.staleness import (
+from rltool.rollout.staleness import (
     bake_staleness,
     sample_threshold,
     token_staleness,
     token_threshold,
 )
+from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 X = IGNORE_INDEX
 

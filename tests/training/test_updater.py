@@ -14,7 +14,7 @@ from rltool.training.batch import Pack
 from rltool.training.logprobs import forward_logprobs
 from rltool.training.losses import LOSS_AGG_MODES
 from rltool.training.optim import build_optimizer, build_scheduler
-from rltool.training.update import PolicyUpdater, rollout_logprob_mask, split_mini_batches
+from rltool.training.updater import PolicyUpdater, rollout_logprob_mask, split_mini_batches
 
 VOCAB = 101
 METRIC_KEYS = {

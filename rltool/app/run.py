@@ -22,8 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from rltool.app.checkpoint import (
+    TrainerState,
+    capture_rng,
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng,
+)
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
+from rltool.demo.model import ensure_builtin_models
 from rltool.engines.hf import HFEngine
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
@@ -36,17 +44,10 @@ from rltool.produce.tasks import (
     task_specs,
 )
 from rltool.rollout.state import RolloutState
-from rltool.training.checkpoint import (
-    TrainerState,
-    capture_rng,
-    latest_checkpoint,
-    load_trainer_state,
-    restore_rng,
-)
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
 from rltool.training.optim import build_optimizer, build_scheduler
-from rltool.training.update import PolicyUpdater
+from rltool.training.updater import PolicyUpdater
 
 BACKENDS = ("inprocess", "ray")
 
@@ -99,7 +100,7 @@ def build_scorer(recipe: RecipeConfig, tokenizer: Any) -> Any:
     """The distillation teacher when ``distill.teacher_path`` is set, else None."""
     if not recipe.distill.teacher_path:
         return None
-    from rltool.training.distill import TeacherScorer
+    from rltool.produce.teacher import TeacherScorer
 
     return TeacherScorer(
         recipe.distill, student_tokenizer=tokenizer, student_path=recipe.model.path
@@ -107,6 +108,7 @@ def build_scorer(recipe: RecipeConfig, tokenizer: Any) -> Any:
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
+    ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
     seed_everything(recipe.trainer.seed)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     specs = task_specs(recipe)

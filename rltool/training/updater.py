@@ -30,11 +30,12 @@ from contextlib import contextmanager
 
 import torch
 
-from rltool.config.schema import AlgorithmConfig, DistillConfig
+from rltool.config.schema import AlgorithmConfig, DistillConfig, check_distill_config
+from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.batch import Pack
-from rltool.training.distill import check_distill_config, distill_term, forward_logprobs_distill
-from rltool.training.logprobs import forward_logprobs, model_device
+from rltool.training.distill import distill_term, forward_logprobs_distill
+from rltool.training.logprobs import forward_logprobs
 from rltool.training.losses import (
     LOSS_AGG_MODES,
     aggregate,
