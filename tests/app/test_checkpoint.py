@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rltool.app import checkpoint as ckpt_mod
 from rltool.app.checkpoint import (
     TrainerState,
     capture_rng,
@@ -15,7 +16,6 @@ from rltool.app.checkpoint import (
     save_checkpoint,
 )
 from rltool.produce.sampler import PromptSampler
-from rltool.app import checkpoint as ckpt_mod
 
 
 class _Tok:

@@ -19,6 +19,7 @@ import torch
 from short_runs import short_train_args
 from typer.testing import CliRunner
 
+from rltool.app import run as run_module
 from rltool.app.checkpoint import latest_checkpoint, load_trainer_state
 from rltool.cli.app import app
 from rltool.produce.backend import GroupOutcome, GroupRequest, WorkerDeath
@@ -26,7 +27,6 @@ from rltool.produce.producer import GroupError
 from rltool.produce.ray_backend import RayBackend, exit_reason
 from rltool.report.train_view import death_line, error_lines
 from rltool.rollout.io import read_groups
-from rltool.app import run as run_module
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_async.yaml")
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rltool.training.flat as flat_module
-from rltool.agent_loops.base import build_prompt_response_fields
+from rltool.agent_loops.canonical import build_prompt_response_fields
 from rltool.config.schema import AlgorithmConfig, RecipeConfig, TrainerConfig
 from rltool.rollout.cached_list import CachedList, cached_array, is_join
 from rltool.rollout.contract import check_group, errors
