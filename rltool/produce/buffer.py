@@ -36,7 +36,7 @@ from typing import Any
 
 from rltool.config.schema import RecipeConfig
 from rltool.produce.result import Accounting, Fate
-from rltool.rollout.staleness import bake_staleness, sample_threshold, token_threshold
+from rltool.rollout.staleness import StalenessLimits, bake_staleness
 from rltool.rollout.state import RolloutState, Status, group_status
 
 Group = list[RolloutState]
@@ -53,13 +53,11 @@ KEPT_ON_RESET = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class BufferConfig:
-    """How the buffer serves and expires groups; the staleness fields fit ``StalenessLimits``."""
+    """How the buffer serves and expires groups."""
 
     order: str = "fifo"  # fifo: oldest put first | stalest: smallest min model step first
     expired: str = "retry"  # retry: reset to the prompt and regenerate | drop: count and drop
-    max_staleness: int | None = None  # None = never expires by age
-    max_token_staleness: int | None = None  # None = tokens never cleared by age
-    sync_interval: int = 1
+    staleness: StalenessLimits = StalenessLimits()  # no limits: groups never expire by age
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -69,26 +67,13 @@ class BufferConfig:
                 f"replay buffer expired policy must be one of {EXPIRED_POLICIES}, "
                 f"got {self.expired!r}"
             )
-        token_threshold(self)  # raises on a bad limit or sync_interval
-        sample_threshold(self)
 
     @classmethod
     def from_recipe(
         cls, recipe: RecipeConfig, order: str = "fifo", expired: str = "retry"
     ) -> BufferConfig:
         """Staleness limits from ``recipe.algorithm``; order and policy given by the producer."""
-        a = recipe.algorithm
-        return cls(
-            order=order,
-            expired=expired,
-            max_staleness=a.max_staleness,
-            max_token_staleness=a.max_token_staleness,
-            sync_interval=a.sync_interval,
-        )
-
-    @property
-    def bakes_staleness(self) -> bool:
-        return self.max_staleness is not None or self.max_token_staleness is not None
+        return cls(order, expired, StalenessLimits.from_algorithm(recipe.algorithm))
 
 
 @dataclass(slots=True)
@@ -306,13 +291,13 @@ class ReplayBuffer:
         """Bake every member (so the counts are whole); True if any expired.
 
         Expired members are marked EXPIRED with the reason in ``error``."""
-        if not self.cfg.bakes_staleness:
+        if not self.cfg.staleness.bakes:
             return False
         expired = False
         for s in group:
             if not _bakeable(s):
                 continue
-            r = bake_staleness(s, train_step, self.cfg)
+            r = bake_staleness(s, train_step, self.cfg.staleness)
             self.counters.stale_tokens += r.cleared
             if r.expired:
                 s.status = Status.EXPIRED

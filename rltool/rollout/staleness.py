@@ -19,39 +19,53 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
+from rltool.config.schema import AlgorithmConfig
 from rltool.rollout.state import IGNORE_INDEX, RolloutState
 
 
-class StalenessLimits(Protocol):
-    """What the bake reads: ``ConversionConfig`` and ``AlgorithmConfig`` both fit."""
+@dataclass(frozen=True, slots=True)
+class StalenessLimits:
+    """The staleness settings (``algorithm.max_staleness``, ``max_token_staleness``,
+    ``sync_interval``): the one object the producer, the replay buffer and the offline
+    tools read them from. None = no limit."""
 
-    max_staleness: int | None
-    max_token_staleness: int | None
-    sync_interval: int
+    max_staleness: int | None = None  # a sample expires at (max_staleness + 1) * sync_interval
+    max_token_staleness: int | None = None  # a token is cleared at (this + 1) * sync_interval
+    sync_interval: int = 1  # train steps between weight syncs
+
+    def __post_init__(self) -> None:
+        if self.sync_interval < 1:
+            raise ValueError(f"algorithm.sync_interval must be >= 1, got {self.sync_interval}")
+        for name in ("max_staleness", "max_token_staleness"):
+            limit = getattr(self, name)
+            if limit is not None and limit < 0:
+                raise ValueError(f"algorithm.{name} must be >= 0 or null (no limit), got {limit}")
+
+    @classmethod
+    def from_algorithm(cls, algorithm: AlgorithmConfig) -> StalenessLimits:
+        return cls(algorithm.max_staleness, algorithm.max_token_staleness, algorithm.sync_interval)
+
+    @property
+    def bakes(self) -> bool:
+        """Whether any limit is set (else nothing is ever cleared or expired)."""
+        return self.max_staleness is not None or self.max_token_staleness is not None
+
+    @property
+    def token_threshold(self) -> int | None:
+        """A token is trainable while its staleness is below this; None = no limit."""
+        return _threshold(self.max_token_staleness, self.sync_interval)
+
+    @property
+    def sample_threshold(self) -> int | None:
+        """A sample expires when its oldest token reaches this; None = no limit."""
+        return _threshold(self.max_staleness, self.sync_interval)
 
 
-def _threshold(limit: int | None, sync_interval: int, name: str) -> int | None:
-    if sync_interval < 1:
-        raise ValueError(f"algorithm.sync_interval must be >= 1, got {sync_interval}")
-    if limit is None:
-        return None
-    if limit < 0:
-        raise ValueError(f"algorithm.{name} must be >= 0 or null (no limit), got {limit}")
-    return (limit + 1) * sync_interval
-
-
-def token_threshold(cfg: StalenessLimits) -> int | None:
-    """A token is trainable while its staleness is below this; None = no limit."""
-    return _threshold(cfg.max_token_staleness, cfg.sync_interval, "max_token_staleness")
-
-
-def sample_threshold(cfg: StalenessLimits) -> int | None:
-    """A sample expires when its oldest token reaches this; None = no limit."""
-    return _threshold(cfg.max_staleness, cfg.sync_interval, "max_staleness")
+def _threshold(limit: int | None, sync_interval: int) -> int | None:
+    return None if limit is None else (limit + 1) * sync_interval
 
 
 def token_staleness(train_step: int, model_steps: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -76,7 +90,7 @@ def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -
     Expects the sample's fields to satisfy the section-4 invariants (the lengths
     in particular); with both limits None nothing is cleared and nothing expires.
     """
-    tok_thr, sample_thr = token_threshold(cfg), sample_threshold(cfg)
+    tok_thr, sample_thr = cfg.token_threshold, cfg.sample_threshold
     if state.response_model_steps is None:
         return NOT_STALE
     assert state.labels is not None

@@ -48,12 +48,7 @@ import torch
 
 from rltool.config.schema import RecipeConfig
 from rltool.packing import pack_lengths, padding_waste
-from rltool.rollout.staleness import (
-    bake_staleness,
-    sample_threshold,
-    token_staleness,
-    token_threshold,
-)
+from rltool.rollout.staleness import StalenessLimits, bake_staleness, token_staleness
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, group_status
 from rltool.training.advantages import cluster_mean_scores, get_estimator
 from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
@@ -83,8 +78,7 @@ class ConversionConfig:
         get_estimator(self.estimator)  # raises with the known names
         if self.pack_max_length < 1:
             raise ValueError(f"trainer.pack_max_length must be >= 1, got {self.pack_max_length}")
-        token_threshold(self)  # raises on a bad sync_interval or limit
-        sample_threshold(self)
+        self.staleness  # noqa: B018 - raises on a bad sync_interval or limit
         for task, w in self.task_adv_weight.items():
             if not (math.isfinite(w) and w >= 0):
                 raise ValueError(
@@ -107,8 +101,12 @@ class ConversionConfig:
         return float(self.task_adv_weight.get(task_name, 1.0))
 
     @property
+    def staleness(self) -> StalenessLimits:
+        return StalenessLimits(self.max_staleness, self.max_token_staleness, self.sync_interval)
+
+    @property
     def bakes_staleness(self) -> bool:
-        return self.max_staleness is not None or self.max_token_staleness is not None
+        return self.staleness.bakes
 
 
 # ---------------------------------------------------------------- status and rewards
@@ -159,7 +157,7 @@ def _bake_group(
     skip the group if any member expired."""
     expired: list[tuple[RolloutState, str]] = []
     for i, s in enumerate(group, start=first):
-        r = bake_staleness(s, train_step, cfg)
+        r = bake_staleness(s, train_step, cfg.staleness)
         tally.cleared += r.cleared
         if r.cleared:
             span = slice(int(flat.start_S[i]), int(flat.start_S[i] + flat.T_S[i]))

@@ -15,13 +15,13 @@ from produce_fakes import X, generate, group, ids, sample
 from rltool.config.schema import AlgorithmConfig, RecipeConfig
 from rltool.produce.buffer import KEPT_ON_RESET, BufferConfig, ReplayBuffer, reset_to_prompt
 from rltool.produce.result import Fate
-from rltool.rollout.staleness import bake_staleness
+from rltool.rollout.staleness import StalenessLimits, bake_staleness
 from rltool.rollout.state import RolloutState, Status
 
 
 def test_put_then_take_equals_one_bake_at_the_take_step() -> None:
     # max_token_staleness 1, sync_interval 1 -> a token is trainable while staleness < 2
-    cfg = BufferConfig(max_token_staleness=1)
+    cfg = BufferConfig(staleness=StalenessLimits(max_token_staleness=1))
     g = group("g", steps=[0, 1, 2, 3])
     reference = copy.deepcopy(g)
     buf = ReplayBuffer(cfg)
@@ -34,7 +34,7 @@ def test_put_then_take_equals_one_bake_at_the_take_step() -> None:
     assert [s.labels for s in served] == [[X, X, X, X, X, 33]] * 2
     assert [s.logprobs for s in served] == [[0.0, 0.0, 0.0, 0.0, 0.0, -0.3]] * 2
     for s in reference:
-        bake_staleness(s, 5, cfg)
+        bake_staleness(s, 5, cfg.staleness)
     assert [(s.labels, s.logprobs) for s in served] == [(s.labels, s.logprobs) for s in reference]
     assert buf.counters.stale_tokens == 4  # 1 per sample at put, 1 per sample at take
 
@@ -42,7 +42,9 @@ def test_put_then_take_equals_one_bake_at_the_take_step() -> None:
 def test_thresholds_through_the_buffer() -> None:
     # max_token_staleness 0, max_staleness 1, sync_interval 2:
     # a token is trainable while staleness < 2; a sample expires at oldest staleness >= 4
-    cfg = BufferConfig(max_staleness=1, max_token_staleness=0, sync_interval=2)
+    cfg = BufferConfig(
+        staleness=StalenessLimits(max_staleness=1, max_token_staleness=0, sync_interval=2)
+    )
     buf = ReplayBuffer(cfg)
     old = group("old", steps=[0, 2, 3, 3])  # step 4: staleness [3, 1, 0, 0]
     fresh = group("fresh", steps=[1, 1, 2, 3])  # step 4: staleness [2, 2, 1, 0]
@@ -58,18 +60,22 @@ def test_thresholds_through_the_buffer() -> None:
 
 
 def test_expired_at_put() -> None:
-    buf = ReplayBuffer(BufferConfig(max_staleness=1, sync_interval=2))
+    buf = ReplayBuffer(BufferConfig(staleness=StalenessLimits(max_staleness=1, sync_interval=2)))
     assert buf.put(group("g", steps=[0, 0, 0, 0]), 5) == Fate.RETRY  # oldest 4 >= 4
     assert buf.sizes()["expired"] == 1
 
 
 def test_no_supervised_token_left_expires() -> None:
-    buf = ReplayBuffer(BufferConfig(max_token_staleness=0, expired="drop"))  # trainable while < 1
+    buf = ReplayBuffer(
+        BufferConfig(expired="drop", staleness=StalenessLimits(max_token_staleness=0))
+    )  # trainable while < 1
     assert buf.put(group("g", steps=[0, 0, 0, 0]), 2) == Fate.DROPPED  # staleness 1 everywhere
 
 
 def test_expired_retry_resets_the_whole_group() -> None:
-    buf = ReplayBuffer(BufferConfig(max_staleness=0))  # expires at oldest staleness >= 1
+    buf = ReplayBuffer(
+        BufferConfig(staleness=StalenessLimits(max_staleness=0))
+    )  # expires at oldest staleness >= 1
     g = [sample("g/0", "g", steps=[0, 0, 0, 0]), sample("g/1", "g", steps=[1, 1, 1, 1])]
     assert buf.put(g, 2) == Fate.RETRY  # member 0 is stale (1), member 1 is not (0)
     (again,) = buf.take_expired()
@@ -87,7 +93,7 @@ def test_expired_retry_resets_the_whole_group() -> None:
 
 
 def test_expired_drop_counts_and_forgets() -> None:
-    buf = ReplayBuffer(BufferConfig(max_staleness=0, expired="drop"))
+    buf = ReplayBuffer(BufferConfig(expired="drop", staleness=StalenessLimits(max_staleness=0)))
     g = group("g", steps=[0, 0, 0, 0])
     assert buf.put(group("keep", steps=[2, 2, 2, 2]), 2) == Fate.BUFFERED
     assert buf.put(g, 2) == Fate.DROPPED
@@ -101,7 +107,7 @@ def test_expired_drop_counts_and_forgets() -> None:
 
 
 def test_expire_sweeps_the_queue() -> None:
-    buf = ReplayBuffer(BufferConfig(max_staleness=0))
+    buf = ReplayBuffer(BufferConfig(staleness=StalenessLimits(max_staleness=0)))
     for gid, step in (("a", 0), ("b", 3), ("c", 1)):
         buf.put(group(gid, steps=[step] * 4), 1)  # staleness at put: a 0, b -3, c -1
     assert buf.expire(3) == 2  # at step 3: a 2, b -1, c 1 -> a and c expire
@@ -180,7 +186,9 @@ def test_statuses_on_put() -> None:
 
 
 def test_aborted_groups_are_not_baked() -> None:
-    buf = ReplayBuffer(BufferConfig(max_token_staleness=0, max_staleness=0))
+    buf = ReplayBuffer(
+        BufferConfig(staleness=StalenessLimits(max_token_staleness=0, max_staleness=0))
+    )
     g = group("a", steps=[0, 0, 0, 0])
     g[1].status = Status.ABORTED
     assert buf.put(g, 10) == Fate.BUFFERED
@@ -196,7 +204,7 @@ def test_no_limits_bakes_nothing() -> None:
 
 
 def test_state_dict_round_trip() -> None:
-    cfg = BufferConfig(max_token_staleness=1)
+    cfg = BufferConfig(staleness=StalenessLimits(max_token_staleness=1))
     buf = ReplayBuffer(cfg)
     for g in _groups_by_step():
         buf.put(g, 3)  # staleness A [0, 0, -1, -1], B [2, 1, 1, 1] (30 cleared), C [1, 1, 0, 0]
@@ -238,7 +246,9 @@ def test_state_dict_version_is_checked() -> None:
 )
 def test_bad_config(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        BufferConfig(**kwargs)
+        limits = {k: v for k, v in kwargs.items() if k not in ("order", "expired")}
+        rest = {k: v for k, v in kwargs.items() if k in ("order", "expired")}
+        BufferConfig(**rest, staleness=StalenessLimits(**limits))
 
 
 def test_metrics() -> None:
@@ -252,5 +262,5 @@ def test_metrics() -> None:
 def test_config_from_recipe() -> None:
     recipe = RecipeConfig(algorithm=AlgorithmConfig(max_staleness=2, sync_interval=3))
     cfg = BufferConfig.from_recipe(recipe, order="stalest", expired="drop")
-    assert cfg == BufferConfig("stalest", "drop", max_staleness=2, sync_interval=3)
-    assert cfg.bakes_staleness and not BufferConfig().bakes_staleness
+    assert cfg == BufferConfig("stalest", "drop", StalenessLimits(max_staleness=2, sync_interval=3))
+    assert cfg.staleness.bakes and not BufferConfig().staleness.bakes

@@ -20,6 +20,7 @@ from rltool.produce.result import (
     raw_reward_totals,
     time_stats,
 )
+from rltool.rollout.staleness import StalenessLimits
 from rltool.rollout.state import RolloutState, Status
 
 
@@ -146,7 +147,11 @@ def test_every_sample_is_accounted_for_exactly_once(seed: int, order: str, expir
     """A random producer run (generation outcomes and staleness from ``seed``)."""
     rng = random.Random(seed)
     acct = Accounting()
-    cfg = BufferConfig(order=order, expired=expired, max_staleness=1, max_token_staleness=0)
+    cfg = BufferConfig(
+        order=order,
+        expired=expired,
+        staleness=StalenessLimits(max_staleness=1, max_token_staleness=0),
+    )
     buf = ReplayBuffer(cfg, accounting=acct)
     taken: list[str] = []  # ground truth, kept beside the accounting
     by_fate: dict[Fate, list[str]] = {f: [] for f in Fate}

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from rltool.config.schema import AlgorithmConfig
 from rltool.rollout.contract import check_sample, errors
-from rltool.rollout.staleness import (
-    bake_staleness,
-    sample_threshold,
-    token_staleness,
-    token_threshold,
-)
+from rltool.rollout.staleness import StalenessLimits, bake_staleness, token_staleness
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 X = IGNORE_INDEX
 
 
-@dataclass
-class Limits:
-    max_staleness: int | None = None
-    max_token_staleness: int | None = None
-    sync_interval: int = 1
+Limits = StalenessLimits
 
 
 def _sample(steps: list[int] | None = None) -> RolloutState:
@@ -50,22 +39,23 @@ def test_token_staleness() -> None:
 
 def test_thresholds() -> None:
     cfg = Limits(max_staleness=2, max_token_staleness=1, sync_interval=2)
-    assert token_threshold(cfg) == (1 + 1) * 2 == 4
-    assert sample_threshold(cfg) == (2 + 1) * 2 == 6
-    assert token_threshold(Limits()) is None and sample_threshold(Limits()) is None
-    assert token_threshold(AlgorithmConfig(max_token_staleness=0)) == 1  # the recipe section fits
+    assert cfg.token_threshold == (1 + 1) * 2 == 4
+    assert cfg.sample_threshold == (2 + 1) * 2 == 6
+    assert Limits().token_threshold is None and Limits().sample_threshold is None
+    from_recipe = Limits.from_algorithm(AlgorithmConfig(max_token_staleness=0))
+    assert from_recipe.token_threshold == 1  # the recipe section's values
 
 
 @pytest.mark.parametrize(
     ("cfg", "match"),
     [
-        (Limits(sync_interval=0), "sync_interval must be >= 1"),
-        (Limits(max_token_staleness=-1), "max_token_staleness must be >= 0"),
+        ({"sync_interval": 0}, "sync_interval must be >= 1"),
+        ({"max_token_staleness": -1}, "max_token_staleness must be >= 0"),
     ],
 )
-def test_bad_limits(cfg: Limits, match: str) -> None:
+def test_bad_limits(cfg: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        token_threshold(cfg)
+        Limits(**cfg)
 
 
 def test_bake_clears_stale_tokens_in_place() -> None:
