@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from rltool.config.schema import RecipeConfig
@@ -57,7 +57,7 @@ class BufferConfig:
 
     order: str = "fifo"  # fifo: oldest put first | stalest: smallest min model step first
     expired: str = "retry"  # retry: reset to the prompt and regenerate | drop: count and drop
-    staleness: StalenessLimits = StalenessLimits()  # no limits: groups never expire by age
+    staleness: StalenessLimits = field(default_factory=StalenessLimits)  # none: never expire
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
