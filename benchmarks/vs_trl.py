@@ -38,7 +38,7 @@ from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
-from rltool.produce.producer import rollout_metrics
+from rltool.produce.result import rollout_metrics
 from rltool.produce.sampler import PromptSampler
 from rltool.rewards.gsm8k import gsm8k_reward
 

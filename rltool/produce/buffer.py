@@ -11,10 +11,10 @@ samples, in three queues named by what they hold:
   ``take_expired`` and regenerates them under the same ids.
 
 Staleness (data-contract section 6) is baked into a completed group's labels
-when it is ``put`` and again when it is taken, with the train step of that
-moment. Clearing is monotone, so the labels a group trains with equal one bake
-at the take step. A group expires when any member does; then the WHOLE group
-is retried or dropped (``expired: retry | drop``). Resetting the whole group,
+once, when ``take`` serves it for training, with the train step it trains at;
+``put`` only reads staleness to expire a group that is already too old. A group
+expires when any member does; then the WHOLE group is retried or dropped
+(``expired: retry | drop``). Resetting the whole group,
 not just the expired member, is simplest and safe: a group-relative advantage
 needs its members drawn from comparable policies, and a group trains whole or
 not at all (contract 5.1). Aborted groups are not baked: a partial group is
@@ -36,7 +36,7 @@ from typing import Any
 
 from rltool.config.schema import RecipeConfig
 from rltool.produce.result import Accounting, Fate
-from rltool.rollout.staleness import StalenessLimits, bake_staleness
+from rltool.rollout.staleness import StalenessLimits, bake_staleness, expiry_reason
 from rltool.rollout.state import RolloutState, Status, group_status
 
 Group = list[RolloutState]
@@ -82,7 +82,6 @@ class BufferCounters:
 
     put: int = 0
     taken: int = 0
-    put_back: int = 0
     retried: int = 0  # expired and reset for regeneration
     dropped: int = 0  # expired and dropped
     failed: int = 0
@@ -112,6 +111,11 @@ def _bakeable(s: RolloutState) -> bool:
     )
 
 
+def _mark_expired(s: RolloutState, train_step: int, reason: str) -> None:
+    s.status = Status.EXPIRED
+    s.error = f"expired at train step {train_step}: {reason}"
+
+
 def _min_model_step(group: Sequence[RolloutState]) -> float:
     """Oldest policy version of any token of the group; +inf without model steps (never stale)."""
     oldest = [min(s.response_model_steps) for s in group if s.response_model_steps]
@@ -134,9 +138,9 @@ class ReplayBuffer:
     def put(self, group: Group, train_step: int) -> Fate:
         """File one generated group by its status; returns where it went.
 
-        COMPLETED: baked at ``train_step``, then queued (BUFFERED) or expired
-        (RETRY or DROPPED); ABORTED: queued to resume; EXPIRED: the expiry rule;
-        FAILED / FILTERED: counted and dropped.
+        COMPLETED: queued (BUFFERED), or expired (RETRY or DROPPED) when its staleness
+        at ``train_step`` already expires it (read, not baked); ABORTED: queued to resume;
+        EXPIRED: the expiry rule; FAILED / FILTERED: counted and dropped.
         """
         if not group:
             raise ValueError("replay buffer: put of an empty group; a group needs its samples")
@@ -148,7 +152,7 @@ class ReplayBuffer:
             )
         self.counters.put += 1
         if status == Status.COMPLETED:
-            if self._bake(group, train_step):
+            if self._check_expiry(group, train_step):
                 return self._expire(group)
             self._completed.append(group)
             return self._note(group, Fate.BUFFERED)
@@ -163,17 +167,6 @@ class ReplayBuffer:
         assert status == Status.FILTERED, status
         self.counters.filtered += 1
         return self._note(group, Fate.FILTERED)
-
-    def put_back(self, groups: Sequence[Group]) -> None:
-        """Return served, unused COMPLETED groups (a filter's surplus) to the front, in order."""
-        for group in groups:
-            if not group or group_status(s.status for s in group) != Status.COMPLETED:
-                gid = group[0].group_id if group else "(empty)"
-                raise ValueError(f"put_back of group {gid}: only served COMPLETED groups go back")
-        for group in reversed(groups):
-            self._completed.appendleft(group)
-            self._note(group, Fate.BUFFERED)
-        self.counters.put_back += len(groups)
 
     # ------------------------------------------------------------ out
 
@@ -214,20 +207,6 @@ class ReplayBuffer:
         """Groups reset to their prompts (oldest first) for the producer to regenerate."""
         return self._pop(self._expired, n)
 
-    def expire(self, train_step: int) -> int:
-        """Bake every completed group at ``train_step`` and apply the expiry rule; returns how
-        many expired. ``take`` does this for what it serves; call it to keep the queue honest."""
-        kept: deque[Group] = deque()
-        n_expired = 0
-        for group in self._completed:
-            if self._bake(group, train_step):
-                self._expire(group)
-                n_expired += 1
-            else:
-                kept.append(group)
-        self._completed = kept
-        return n_expired
-
     # ------------------------------------------------------------ state
 
     def sizes(self) -> dict[str, int]:
@@ -237,11 +216,6 @@ class ReplayBuffer:
             "aborted": len(self._aborted),
             "expired": len(self._expired),
         }
-
-    def rollout_ids(self) -> dict[str, set[str]]:
-        """Rollout ids queued now, by queue (for checks against an ``Accounting``)."""
-        queues = {"completed": self._completed, "aborted": self._aborted, "expired": self._expired}
-        return {name: {s.rollout_id for g in q for s in g} for name, q in queues.items()}
 
     def metrics(self) -> dict[str, float]:
         out = {f"buffer/{name}": float(n) for name, n in self.sizes().items()}
@@ -300,11 +274,20 @@ class ReplayBuffer:
             r = bake_staleness(s, train_step, self.cfg.staleness)
             self.counters.stale_tokens += r.cleared
             if r.expired:
-                s.status = Status.EXPIRED
-                s.error = (
-                    f"expired at train step {train_step}: {r.reason} "
-                    f"(oldest token staleness {r.max_staleness})"
+                _mark_expired(
+                    s, train_step, f"{r.reason} (oldest token staleness {r.max_staleness})"
                 )
+                expired = True
+        return expired
+
+    def _check_expiry(self, group: Group, train_step: int) -> bool:
+        """Whether any member is already too stale at ``train_step`` (nothing is baked);
+        expired members are marked EXPIRED with the reason."""
+        expired = False
+        for s in group:
+            reason = expiry_reason(s, train_step, self.cfg.staleness) if _bakeable(s) else None
+            if reason is not None:
+                _mark_expired(s, train_step, reason)
                 expired = True
         return expired
 

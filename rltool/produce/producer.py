@@ -24,7 +24,6 @@ regenerated under the same ids (``expired: retry``) or dropped.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,13 +41,13 @@ from rltool.produce.result import (
     Fate,
     ProduceBatchResult,
     produced_totals,
-    raw_reward_totals,
+    rollout_metrics,
     time_stats,
 )
 from rltool.produce.tasks import TaskSampler, per_task_metrics
 from rltool.produce.worker import FINISHED_AT
 from rltool.rollout.staleness import token_staleness
-from rltool.rollout.state import RolloutState, Status
+from rltool.rollout.state import RolloutState
 
 Group = list[RolloutState]
 MODES = ("sync", "async")
@@ -117,22 +116,6 @@ def staleness_metrics(batch: Sequence[Group], train_step: int) -> dict[str, floa
         "staleness/tokens_s2plus": float((st >= 2).sum()),
         "staleness/mean": float(st.mean()) if st.size else 0.0,
         "staleness/max": float(st.max()) if st.size else 0.0,
-    }
-
-
-def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
-    """Reward and status figures over every sample generated, before filtering."""
-    samples = [s for g in groups for s in g]
-    scores = [s.score for s in samples if s.score is not None]
-    return {
-        "rollout/reward_mean": float(np.mean(scores)) if scores else math.nan,
-        "rollout/samples": float(len(samples)),
-        "rollout/failed": float(sum(s.status == Status.FAILED for s in samples)),
-        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples)
-        / max(len(samples), 1),
-        "rollout/response_tokens_mean": float(
-            np.mean([len(s.response_ids or []) for s in samples]) if samples else 0.0
-        ),
     }
 
 
@@ -361,7 +344,6 @@ class Producer:
         self, batch: list[Group], tally: _Tally, train_step: int, stale: int, seconds: float
     ) -> ProduceBatchResult:
         self._settle(batch, Fate.TRAINED)
-        raw_sum, raw_n = raw_reward_totals(tally.generated)
         samples, tokens = produced_totals(tally.generated)
         mean, p50, p99 = time_stats(tally.gen_times)
         extra = {
@@ -386,8 +368,6 @@ class Producer:
             leftover_expired=tally.expired_groups,
             leftover_failed=tally.failed_groups,
             leftover_filtered=tally.filtered_groups,
-            raw_rewards_sum=raw_sum,
-            raw_rewards_count=raw_n,
             produced_samples=samples,
             produced_tokens=tokens,
             produce_time_s=seconds,

@@ -101,13 +101,6 @@ class Accounting:
     def move_groups(self, groups: Iterable[Sequence[RolloutState]], fate: Fate) -> None:
         self.move((s for g in groups for s in g), fate)
 
-    def fate(self, rollout_id: str) -> Fate | None:
-        """The fate of an open sample; None once it is final (or was never added)."""
-        return self._open.get(rollout_id)
-
-    def open_ids(self, fate: Fate) -> set[str]:
-        return {rid for rid, f in self._open.items() if f == fate}
-
     def counts(self) -> dict[Fate, int]:
         """Samples per fate; they sum to ``taken``."""
         out = dict.fromkeys(Fate, 0)
@@ -140,17 +133,26 @@ class Accounting:
 # ---------------------------------------------------------------- batch figures
 
 
-def raw_reward_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[float, int]:
-    """Sum and count of the finite scores of COMPLETED samples, before any filter."""
+def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float]:
+    """Reward and status figures over every sample generated, before any filter; the reward
+    mean is over COMPLETED samples with a finite score (NaN when none has one)."""
+    samples = [s for g in groups for s in g]
     scores = [
         s.score
-        for g in groups
-        for s in g
+        for s in samples
         if s.status == Status.COMPLETED
         and isinstance(s.score, int | float)
         and math.isfinite(s.score)
     ]
-    return float(sum(scores)), len(scores)
+    return {
+        "rollout/reward_mean": float(np.mean(scores)) if scores else math.nan,
+        "rollout/failed": float(sum(s.status == Status.FAILED for s in samples)),
+        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples)
+        / max(len(samples), 1),
+        "rollout/response_tokens_mean": float(
+            np.mean([len(s.response_ids or []) for s in samples]) if samples else 0.0
+        ),
+    }
 
 
 def produced_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[int, int]:
@@ -186,8 +188,6 @@ class ProduceBatchResult:
     leftover_expired: int = 0
     leftover_failed: int = 0
     leftover_filtered: int = 0
-    raw_rewards_sum: float = 0.0  # COMPLETED samples' scores, before filtering
-    raw_rewards_count: int = 0
     produced_samples: int = 0  # generated this call, whatever their fate
     produced_tokens: int = 0  # response tokens generated this call
     produce_time_s: float = 0.0
@@ -197,12 +197,9 @@ class ProduceBatchResult:
     extra_metrics: dict[str, float] = field(default_factory=dict)  # e.g. buffer.metrics()
 
     def metrics(self) -> dict[str, float]:
-        n = self.raw_rewards_count
         out = {
             "produce/groups": float(len(self.groups)),
             "produce/samples": float(sum(len(g) for g in self.groups)),
-            "produce/raw_reward/mean": self.raw_rewards_sum / n if n else 0.0,
-            "produce/raw_reward/count": float(n),
             "produce/produced_samples": float(self.produced_samples),
             "produce/produced_tokens": float(self.produced_tokens),
             "produce/time_s": self.produce_time_s,

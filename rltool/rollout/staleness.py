@@ -10,9 +10,10 @@ With ``sync_interval`` train steps between weight syncs:
   or when no supervised token is left.
 
 Stale tokens get label -100 (and logprob 0.0, so the sample still satisfies
-invariant 4). Clearing only ever removes supervision, so baking again, at the
-replay buffer's expiry check and again when the batch is taken, gives
-identical labels. A sample without ``response_model_steps`` is never stale.
+invariant 4). On the live path the replay buffer bakes once, when a batch is
+taken for training; ``expiry_reason`` reads staleness without baking. Clearing
+only ever removes supervision, so baking twice gives identical labels. A sample
+without ``response_model_steps`` is never stale.
 """
 
 from __future__ import annotations
@@ -120,3 +121,24 @@ def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -
     elif not np.any(labels_T != IGNORE_INDEX):
         reason = "no_supervised_tokens"
     return StalenessResult(cleared, oldest, reason is not None, reason)
+
+
+def expiry_reason(state: RolloutState, train_step: int, cfg: StalenessLimits) -> str | None:
+    """Why the sample would expire if baked at ``train_step`` ("max_staleness" or
+    "no_supervised_tokens", with its oldest token's staleness), or None.
+
+    Reads staleness and changes nothing: the replay buffer's check when a group arrives
+    (the one bake happens when the batch is taken)."""
+    if state.response_model_steps is None or not cfg.bakes:
+        return None
+    staleness_R = token_staleness(train_step, state.response_model_steps)  # [R]
+    oldest = int(staleness_R.max()) if staleness_R.size else 0
+    sample_thr, tok_thr = cfg.sample_threshold, cfg.token_threshold
+    why = f"(oldest token staleness {oldest})"
+    if sample_thr is not None and oldest >= sample_thr:
+        return f"max_staleness {why}"
+    p = len(state.prompt_ids)
+    supervised_T = np.asarray(state.labels, dtype=np.int64) != IGNORE_INDEX  # [T]
+    if tok_thr is not None:
+        supervised_T[p:] &= staleness_R < tok_thr
+    return None if supervised_T.any() else f"no_supervised_tokens {why}"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+from rltool.produce.buffer import ReplayBuffer
+from rltool.produce.result import Accounting, Fate
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 X = IGNORE_INDEX
@@ -46,3 +50,17 @@ def group(
 
 def ids(groups: list[list[RolloutState]]) -> list[str]:
     return [s.rollout_id for g in groups for s in g]
+
+
+def queued_ids(buffer: ReplayBuffer) -> dict[str, set[str]]:
+    """Rollout ids queued in the buffer, by queue, read from its checkpoint state."""
+    state = buffer.state_dict()
+    return {
+        queue: {json.loads(line)["rollout_id"] for g in state[queue] for line in g}
+        for queue in ("completed", "aborted", "expired")
+    }
+
+
+def open_ids(accounting: Accounting, fate: Fate) -> set[str]:
+    """Open samples of one fate, read from the accounting's checkpoint state."""
+    return {rid for rid, f in accounting.state_dict()["open"].items() if f == fate.value}

@@ -19,16 +19,17 @@ from rltool.rollout.staleness import StalenessLimits, bake_staleness
 from rltool.rollout.state import RolloutState, Status
 
 
-def test_put_then_take_equals_one_bake_at_the_take_step() -> None:
+def test_staleness_is_baked_once_when_taken() -> None:
     # max_token_staleness 1, sync_interval 1 -> a token is trainable while staleness < 2
     cfg = BufferConfig(staleness=StalenessLimits(max_token_staleness=1))
     g = group("g", steps=[0, 1, 2, 3])
     reference = copy.deepcopy(g)
     buf = ReplayBuffer(cfg)
-    # put at step 3: staleness [2, 1, 0, -1] -> token 30 cleared
+    # put at step 3: staleness [2, 1, 0, -1]; read for expiry, nothing cleared
     assert buf.put(g, train_step=3) == Fate.BUFFERED
-    assert g[0].labels == [X, X, X, X, 32, 33]
-    # take at step 5: staleness [4, 3, 2, 1] -> token 32 cleared too
+    assert [s.labels for s in g] == [s.labels for s in reference]
+    assert buf.counters.stale_tokens == 0
+    # take at step 5: staleness [4, 3, 2, 1] -> tokens 30 and 32 cleared, in one bake
     (served,) = buf.take(1, train_step=5)
     assert served is g
     assert [s.labels for s in served] == [[X, X, X, X, X, 33]] * 2
@@ -36,7 +37,7 @@ def test_put_then_take_equals_one_bake_at_the_take_step() -> None:
     for s in reference:
         bake_staleness(s, 5, cfg.staleness)
     assert [(s.labels, s.logprobs) for s in served] == [(s.labels, s.logprobs) for s in reference]
-    assert buf.counters.stale_tokens == 4  # 1 per sample at put, 1 per sample at take
+    assert buf.counters.stale_tokens == 4  # 2 per sample, at take
 
 
 def test_thresholds_through_the_buffer() -> None:
@@ -50,7 +51,7 @@ def test_thresholds_through_the_buffer() -> None:
     fresh = group("fresh", steps=[1, 1, 2, 3])  # step 4: staleness [2, 2, 1, 0]
     assert buf.put(old, 4) == Fate.BUFFERED  # oldest 3 < 4
     assert buf.put(fresh, 4) == Fate.BUFFERED
-    assert old[0].labels == fresh[0].labels == [X, X, X, X, 32, 33]  # 30 cleared in both
+    assert old[0].labels == fresh[0].labels == [X, X, 30, X, 32, 33]  # not baked at put
     # step 5: old is [4, 2, 1, 1] -> expires; fresh is [3, 3, 2, 1] -> 32 cleared, served
     served = buf.take(2, 5)
     assert served == [fresh]
@@ -106,14 +107,6 @@ def test_expired_drop_counts_and_forgets() -> None:
     assert buf.counters.dropped == 2
 
 
-def test_expire_sweeps_the_queue() -> None:
-    buf = ReplayBuffer(BufferConfig(staleness=StalenessLimits(max_staleness=0)))
-    for gid, step in (("a", 0), ("b", 3), ("c", 1)):
-        buf.put(group(gid, steps=[step] * 4), 1)  # staleness at put: a 0, b -3, c -1
-    assert buf.expire(3) == 2  # at step 3: a 2, b -1, c 1 -> a and c expire
-    assert [g[0].group_id for g in buf.take(5, 3)] == ["b"]
-
-
 def test_reset_covers_every_field() -> None:
     cleared = set(RolloutState.model_fields) - KEPT_ON_RESET
     assert {"response_ids", "labels", "reward", "teacher_targets", "status", "error"} <= cleared
@@ -151,16 +144,6 @@ def test_stalest_ties_are_served_fifo() -> None:
     assert [g[0].group_id for g in buf.take(4, 3)] == ["q", "s", "p", "r"]
 
 
-def test_put_back_goes_to_the_front_in_order() -> None:
-    buf = ReplayBuffer()
-    for g in _groups_by_step():
-        buf.put(g, 0)
-    served = buf.take(3, 0)  # A, B, C
-    buf.put_back(served[1:])
-    assert [g[0].group_id for g in buf.take(9, 0)] == ["B", "C", "D"]
-    assert (buf.counters.taken, buf.counters.put_back) == (6, 2)
-
-
 def test_statuses_on_put() -> None:
     buf = ReplayBuffer()
     failed = group("f")
@@ -181,8 +164,6 @@ def test_statuses_on_put() -> None:
         buf.put([RolloutState(rollout_id="i", group_id="i", prompt_ids=[1])], 0)
     with pytest.raises(ValueError, match="empty group"):
         buf.put([], 0)
-    with pytest.raises(ValueError, match="only served COMPLETED"):
-        buf.put_back([failed])
 
 
 def test_aborted_groups_are_not_baked() -> None:

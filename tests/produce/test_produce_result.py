@@ -3,21 +3,22 @@ dataset is counted exactly once, whatever happens to it."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from produce_fakes import generate, group, ids, sample
+from produce_fakes import generate, group, ids, open_ids, queued_ids, sample
 
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
-from rltool.produce.filters import fill_batch, oversample
+from rltool.produce.filters import fill_batch
 from rltool.produce.result import (
     Accounting,
     Fate,
     ProduceBatchResult,
     produced_totals,
-    raw_reward_totals,
+    rollout_metrics,
     time_stats,
 )
 from rltool.rollout.staleness import StalenessLimits
@@ -32,7 +33,7 @@ def test_time_stats() -> None:
     assert time_stats([]) == (0.0, 0.0, 0.0)
 
 
-def test_raw_rewards_count_before_filtering_and_only_completed() -> None:
+def test_reward_mean_is_over_completed_samples_before_filtering() -> None:
     kept = group("k", scores=(1.0, 0.0))
     zero_var = group("z", scores=(1.0, 1.0))
     failed = group("f", scores=(0.5, 0.25))
@@ -40,10 +41,13 @@ def test_raw_rewards_count_before_filtering_and_only_completed() -> None:
     no_score = group("n", scores=(None, None))
     produced = [kept, zero_var, failed, no_score]
     # COMPLETED with a finite score: k 1 + 0, z 1 + 1, f/0 0.5 -> 3.5 over 5
-    assert raw_reward_totals(produced) == (3.5, 5)
+    assert rollout_metrics(produced)["rollout/reward_mean"] == 3.5 / 5
+    assert rollout_metrics(produced)["rollout/failed"] == 1.0
     assert produced_totals(produced) == (8, 32)  # 8 samples x 4 response tokens
     filled = fill_batch([kept, zero_var], 1)
-    assert raw_reward_totals(filled.batch) == (1.0, 2)  # what a post-filter count would see
+    # what a post-filter figure would see instead
+    assert rollout_metrics(filled.batch)["rollout/reward_mean"] == 0.5
+    assert math.isnan(rollout_metrics([no_score])["rollout/reward_mean"])
 
 
 def test_metrics_keys_and_values() -> None:
@@ -51,8 +55,6 @@ def test_metrics_keys_and_values() -> None:
         groups=[group("a"), group("b")],
         leftover_completed=3,
         leftover_failed=1,
-        raw_rewards_sum=3.0,
-        raw_rewards_count=4,
         produced_samples=12,
         produced_tokens=48,
         produce_time_s=2.0,
@@ -63,12 +65,11 @@ def test_metrics_keys_and_values() -> None:
     )
     m = r.metrics()
     assert m["produce/groups"] == 2.0 and m["produce/samples"] == 4.0
-    assert m["produce/raw_reward/mean"] == 0.75 and m["produce/raw_reward/count"] == 4.0
     assert m["produce/leftover/completed"] == 3.0 and m["produce/leftover/failed"] == 1.0
     assert m["produce/leftover/init"] == 0.0 and m["produce/group_time/p99"] == 0.9
     assert m["buffer/completed"] == 3.0
     assert all(isinstance(v, float) for v in m.values())
-    assert ProduceBatchResult(groups=[]).metrics()["produce/raw_reward/mean"] == 0.0
+    assert ProduceBatchResult(groups=[]).metrics()["produce/groups"] == 0.0
 
 
 def test_failed_sample_skips_its_whole_group_with_consistent_counts() -> None:
@@ -102,7 +103,7 @@ def test_accounting_moves() -> None:
         acct.move([a], Fate.TRAINED)
     acct.move([b], Fate.TAKEN)
     acct.move([b], Fate.TRAINED)
-    assert acct.fate("b") is None  # final: counted and forgotten
+    assert "b" not in open_ids(acct, Fate.TAKEN)  # final: counted and forgotten
     with pytest.raises(ValueError, match="not open"):
         acct.move([b], Fate.TRAINED)  # a group trained twice
     with pytest.raises(ValueError, match="not open"):
@@ -111,7 +112,7 @@ def test_accounting_moves() -> None:
     assert (acct.taken, acct.retries) == (2, 1)
     restored = Accounting()
     restored.load_state_dict(acct.state_dict())
-    assert restored.counts() == acct.counts() and restored.fate("a") == Fate.RETRY
+    assert restored.counts() == acct.counts() and open_ids(restored, Fate.RETRY) == {"a"}
     assert restored.metrics()["produce/samples/trained"] == 1.0
 
 
@@ -176,21 +177,21 @@ def test_every_sample_is_accounted_for_exactly_once(seed: int, order: str, expir
             if buf.put(g, step) == Fate.FAILED:
                 by_fate[Fate.FAILED] += [s.rollout_id for s in g]
         train_step = step + rng.randint(0, 3)  # the trainer may run ahead
-        served = buf.take(oversample(GROUPS_PER_STEP, 0.5), train_step)
+        served = buf.take(GROUPS_PER_STEP, train_step)
         assert all(s.status == Status.COMPLETED for g in served for s in g)
         filled = fill_batch(served, GROUPS_PER_STEP, "zero_variance")
-        buf.put_back(filled.leftover)
+        assert not filled.leftover  # the producer takes no more than it needs
         acct.move_groups(filled.filtered, Fate.FILTERED)
         acct.move_groups(filled.batch, Fate.TRAINED)
         by_fate[Fate.FILTERED] += ids(filled.filtered)
         by_fate[Fate.TRAINED] += ids(filled.batch)
 
     counts = acct.counts()
-    queued = buf.rollout_ids()
+    queued = queued_ids(buf)
     by_fate[Fate.BUFFERED] = [*queued["completed"], *queued["aborted"]]
     by_fate[Fate.RETRY] = list(queued["expired"])
-    assert acct.open_ids(Fate.BUFFERED) == set(by_fate[Fate.BUFFERED])
-    assert acct.open_ids(Fate.RETRY) == set(by_fate[Fate.RETRY])
+    assert open_ids(acct, Fate.BUFFERED) == set(by_fate[Fate.BUFFERED])
+    assert open_ids(acct, Fate.RETRY) == set(by_fate[Fate.RETRY])
     # dropped at put or at take: the buffer marked the stale members EXPIRED and forgot them
     by_fate[Fate.DROPPED] = ids(
         [g for g in every_group if any(s.status == Status.EXPIRED for s in g)]

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 import pytest
-from produce_fakes import sample
+from produce_fakes import open_ids, queued_ids, sample
 
 from rltool.config.schema import AgentLoopConfig, RecipeConfig
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
@@ -104,11 +104,11 @@ def check_accounting(p: Producer) -> None:
     for regeneration."""
     counts = p.accounting.counts()  # asserts they sum to `taken`
     assert sum(counts.values()) == p.accounting.taken
-    queued = p.buffer.rollout_ids()
-    buffered = p.accounting.open_ids(Fate.BUFFERED)
+    queued = queued_ids(p.buffer)
+    buffered = open_ids(p.accounting, Fate.BUFFERED)
     assert buffered == queued["completed"] | queued["aborted"]
-    assert p.accounting.open_ids(Fate.PENDING) == {i for ids in p._retry_ids.values() for i in ids}
-    assert not p.accounting.open_ids(Fate.TAKEN)
+    assert open_ids(p.accounting, Fate.PENDING) == {i for ids in p._retry_ids.values() for i in ids}
+    assert not open_ids(p.accounting, Fate.TAKEN)
 
 
 def gids(batch) -> list[str]:
@@ -254,7 +254,7 @@ def test_state_dict_resumes_with_every_buffered_and_in_flight_group():
     backend = FakeBackend(scores=lambda k: (1.0, 1.0) if k % 3 == 0 else (1.0, 0.0))
     p = make(backend, "async", oversample=1.0, group_filter="zero_variance")
     run(p, 2)
-    buffered = p.buffer.rollout_ids()["completed"]
+    buffered = queued_ids(p.buffer)["completed"]
     in_flight = {r.group_id for r, _ in backend.queue}
     assert buffered and in_flight
     state = p.state_dict()
@@ -263,7 +263,7 @@ def test_state_dict_resumes_with_every_buffered_and_in_flight_group():
     fresh.version = 2
     q = make(fresh, "async", oversample=1.0, group_filter="zero_variance")
     q.load_state_dict(state)
-    assert q.buffer.rollout_ids()["completed"] == buffered
+    assert queued_ids(q.buffer)["completed"] == buffered
     assert {r.group_id for r in fresh.submitted} == in_flight  # resubmitted, same ids
     assert q.accounting.counts() == p.accounting.counts()
     third = q.produce(3)
