@@ -3,8 +3,8 @@
 Layout under ``<run_dir>/checkpoints/``::
 
     step_000010/            model (safetensors, HF format) + tokenizer
-    step_000010/trainer_state.pt   optimizer, scheduler, RNG states, step, data position,
-                                   producer (replay buffer, accounting, task sampler)
+    step_000010/trainer_state.pt   optimizer, scheduler, RNG states, step, and the
+                                   producer (replay buffer, accounting, prompt position)
     latest                  name of the newest complete checkpoint
 
 A checkpoint is written into a hidden temporary directory and renamed into
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,10 @@ class TrainerState:
     step: int  # train steps completed
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
-    data: dict[str, Any]  # prompt sampler position
     rng: dict[str, Any]
     extra: dict[str, Any]  # e.g. best eval so far
     # the producer's state: replay buffer, accounting, task sampler, requests in flight
-    producer: dict[str, Any] = field(default_factory=dict)
+    producer: dict[str, Any]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -84,7 +83,6 @@ def save_checkpoint(
             "step": state.step,
             "optimizer": state.optimizer,
             "scheduler": state.scheduler,
-            "data": state.data,
             "rng": state.rng,
             "extra": state.extra,
             "producer": state.producer,
@@ -127,8 +125,7 @@ def load_trainer_state(ckpt: Path) -> TrainerState:
         step=raw["step"],
         optimizer=raw["optimizer"],
         scheduler=raw["scheduler"],
-        data=raw["data"],
         rng=raw["rng"],
-        extra=raw.get("extra", {}),
-        producer=raw.get("producer", {}),
+        extra=raw["extra"],
+        producer=raw["producer"],
     )

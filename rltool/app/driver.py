@@ -1,5 +1,5 @@
 """The step loop of ``rltool train``: produce, fit, hand over weights, evaluate, log,
-checkpoint."""
+checkpoint; what happens is told to a ``RunView``."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ from pathlib import Path
 
 from rltool.app.checkpoint import save_checkpoint
 from rltool.app.metrics_log import MetricsWriter
-from rltool.app.run import (
-    Run,
-    StopRequest,
-    build_run,
-    evaluate,
-    resume,
-    trainer_state,
-)
+from rltool.app.run import Run, build_run, evaluate, resume, trainer_state
+from rltool.app.signals import StopRequest
+from rltool.app.view import RunView, SilentView
 from rltool.config.loader import recipe_to_yaml
 from rltool.config.schema import RecipeConfig
-from rltool.report.train_view import TrainView
 from rltool.rollout.io import write_rollouts
 
 
@@ -47,9 +41,9 @@ def train(
     recipe: RecipeConfig,
     resume_dir: Path | None = None,
     dump_rollouts: bool = False,
-    view: TrainView | None = None,
+    view: RunView | None = None,
 ) -> TrainOutcome:
-    view = view or TrainView(quiet=False)
+    view = view or SilentView()
     view.phase("loading model and data")
     run = build_run(recipe)
     try:
@@ -59,7 +53,7 @@ def train(
 
 
 def _train(
-    run: Run, recipe: RecipeConfig, resume_dir: Path | None, dump_rollouts: bool, view: TrainView
+    run: Run, recipe: RecipeConfig, resume_dir: Path | None, dump_rollouts: bool, view: RunView
 ) -> TrainOutcome:
     view.show_staleness = recipe.produce.mode == "async"
     run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
@@ -77,7 +71,7 @@ def _train(
         writer.close()
 
 
-def _evaluate(run: Run, writer: MetricsWriter, view: TrainView) -> dict[str, float]:
+def _evaluate(run: Run, writer: MetricsWriter, view: RunView) -> dict[str, float]:
     t0 = time.perf_counter()
     metrics = evaluate(run)
     metrics["time/eval"] = time.perf_counter() - t0
@@ -86,7 +80,7 @@ def _evaluate(run: Run, writer: MetricsWriter, view: TrainView) -> dict[str, flo
     return metrics
 
 
-def _step(run: Run, run_dir: Path, view: TrainView, dump: bool) -> tuple[dict[str, float], list]:
+def _step(run: Run, run_dir: Path, view: RunView, dump: bool) -> tuple[dict[str, float], list]:
     """One train step: the producer's batch, fit, then the new weights to the workers."""
     t_step = time.perf_counter()
     produced = run.producer.produce(run.step + 1)
@@ -110,7 +104,7 @@ def _step(run: Run, run_dir: Path, view: TrainView, dump: bool) -> tuple[dict[st
     return metrics, result.batch.skipped_groups
 
 
-def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: TrainView, dump: bool):
+def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: RunView, dump: bool):
     cfg = run.recipe.trainer
     ckpt_root = run_dir / "checkpoints"
     first_eval = _evaluate(run, writer, view)

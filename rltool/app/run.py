@@ -12,9 +12,6 @@ Evaluation, metrics, checkpoints and clean interruption wrap around that.
 from __future__ import annotations
 
 import random
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +29,9 @@ from rltool.app.checkpoint import (
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import ensure_builtin_models
-from rltool.engines.hf import HFEngine
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
+from rltool.produce.filters import get_group_filter
 from rltool.produce.producer import Producer
 from rltool.produce.tasks import (
     TaskSampler,
@@ -72,12 +69,6 @@ class Run:
     step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
-    @property
-    def engine(self) -> HFEngine | None:
-        """The in-process rollout engine (None with the Ray backend)."""
-        worker = getattr(self.producer.backend, "worker", None)
-        return None if worker is None else worker.engine
-
     def close(self) -> None:
         self.producer.close()
 
@@ -107,12 +98,27 @@ def build_scorer(recipe: RecipeConfig, tokenizer: Any) -> Any:
     )
 
 
+def check_recipe(recipe: RecipeConfig) -> None:
+    """The recipe's names (loops, estimator, backend, filter, ...) exist: ValueErrors naming
+    the key and the known names, raised before anything heavy is loaded."""
+    task_specs(recipe)  # agent loop names, the task list
+    ConversionConfig.from_recipe(recipe)  # estimator, pack length, task weights
+    if recipe.rollout.backend not in BACKENDS:
+        raise ValueError(
+            f"rollout.backend: unknown backend {recipe.rollout.backend!r}; "
+            f"known: {', '.join(BACKENDS)}"
+        )
+    get_group_filter(recipe.produce.group_filter)
+
+
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
+    """Every part of a run; names and data files are checked before the model loads."""
+    check_recipe(recipe)
+    specs = task_specs(recipe)
+    data = load_task_data(recipe)
     ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
     seed_everything(recipe.trainer.seed)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
-    specs = task_specs(recipe)
-    data = load_task_data(recipe)
     sampler = TaskSampler(
         specs,
         {name: rows[0] for name, rows in data.items()},
@@ -170,38 +176,12 @@ def evaluate(run: Run) -> dict[str, float]:
     return evaluate_tasks(backend.evaluate, run.specs, run.eval_rows, sampling)
 
 
-class StopRequest:
-    """Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C aborts."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal_name = ""
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-
-    @contextmanager
-    def installed(self) -> Iterator[StopRequest]:
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in previous:
-            signal.signal(s, self._handle)
-        try:
-            yield self
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-
 def trainer_state(run: Run) -> TrainerState:
     updater = run.controller.updater
     return TrainerState(
         step=run.step,
         optimizer=updater.optimizer.state_dict(),
         scheduler=updater.scheduler.state_dict(),
-        data=run.producer.sampler.state_dict(),
         rng=capture_rng(),
         extra={"history": run.history},
         producer=run.producer.state_dict(),
@@ -220,10 +200,7 @@ def resume(run: Run, run_dir: Path) -> Path:
     updater.scheduler.load_state_dict(state.scheduler)
     # the rollout workers take the restored weights before any prompt is resubmitted
     run.producer.update_weights(run.model, state.step, force=True)
-    if state.producer:
-        run.producer.load_state_dict(state.producer)  # buffer, accounting, prompts in flight
-    else:  # a checkpoint from before the producer: the prompt position only
-        run.producer.sampler.load_state_dict(state.data)
+    run.producer.load_state_dict(state.producer)  # buffer, accounting, prompts in flight
     restore_rng(state.rng)
     run.step = state.step
     run.history = list(state.extra.get("history", []))

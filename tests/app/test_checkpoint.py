@@ -40,7 +40,8 @@ def _model() -> Qwen2ForCausalLM:
 
 
 def _state(step: int) -> TrainerState:
-    return TrainerState(step, {"opt": step}, {"sched": step}, {"epoch": 0}, capture_rng(), {})
+    producer = {"sampler": {"epoch": 0}}
+    return TrainerState(step, {"opt": step}, {"sched": step}, capture_rng(), {}, producer)
 
 
 def test_save_then_load_roundtrip(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 from short_runs import short_train_args
 from typer.testing import CliRunner
 
-from rltool.app.run import StopRequest
+from rltool.app.signals import StopRequest
 from rltool.cli.app import app
 from rltool.rollout.io import read_groups
 
