@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from rltool.produce.backend import WorkerDeath
-from rltool.produce.producer import GroupError
+from rltool.produce.result import GroupError
 
 
 class RunView(Protocol):

@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
@@ -39,35 +38,21 @@ from rltool.produce.filters import fill_batch, get_group_filter, oversample
 from rltool.produce.result import (
     Accounting,
     Fate,
+    GroupError,
     ProduceBatchResult,
     produced_totals,
     rollout_metrics,
+    staleness_metrics,
     time_stats,
 )
 from rltool.produce.tasks import TaskSampler, per_task_metrics
 from rltool.produce.worker import FINISHED_AT
-from rltool.rollout.staleness import token_staleness
 from rltool.rollout.state import RolloutState
 
 Group = list[RolloutState]
 MODES = ("sync", "async")
 MAX_REFILLS = 4  # extra draws in one step when the filter leaves the batch short
 STATE_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class GroupError:
-    """A group whose generation came back with an error, and what the producer did."""
-
-    group_id: str
-    attempt: int
-    worker: str  # "" when the backend does not name workers
-    error: str  # GroupOutcome.error
-    retried: bool  # False: its second failure, the group is counted FAILED
-
-    def __str__(self) -> str:
-        then = "retrying it" if self.retried else "counted failed"
-        return f"group {self.group_id} (attempt {self.attempt}): {self.error}; {then}"
 
 
 @dataclass(slots=True)
@@ -104,19 +89,6 @@ def failed_group(request: GroupRequest, rollout_ids: Sequence[str], error: str) 
         ).fail(error)
         for rid in rollout_ids
     ]
-
-
-def staleness_metrics(batch: Sequence[Group], train_step: int) -> dict[str, float]:
-    """Histogram of the staleness of every response token of the batch at ``train_step``."""
-    steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps]
-    st = token_staleness(train_step, np.concatenate(steps) if steps else [])  # [N]
-    return {
-        "staleness/tokens_s0": float((st <= 0).sum()),
-        "staleness/tokens_s1": float((st == 1).sum()),
-        "staleness/tokens_s2plus": float((st >= 2).sum()),
-        "staleness/mean": float(st.mean()) if st.size else 0.0,
-        "staleness/max": float(st.max()) if st.size else 0.0,
-    }
 
 
 class Producer:

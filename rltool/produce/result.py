@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rltool.rollout.staleness import token_staleness
 from rltool.rollout.state import RolloutState, Status
 
 Group = list[RolloutState]
@@ -131,6 +132,34 @@ class Accounting:
 
 
 # ---------------------------------------------------------------- batch figures
+
+
+@dataclass(frozen=True, slots=True)
+class GroupError:
+    """A group whose generation came back with an error, and what the producer did."""
+
+    group_id: str
+    attempt: int
+    worker: str  # "" when the backend does not name workers
+    error: str  # GroupOutcome.error
+    retried: bool  # False: its second failure, the group is counted FAILED
+
+    def __str__(self) -> str:
+        then = "retrying it" if self.retried else "counted failed"
+        return f"group {self.group_id} (attempt {self.attempt}): {self.error}; {then}"
+
+
+def staleness_metrics(batch: Sequence[Group], train_step: int) -> dict[str, float]:
+    """Histogram of the staleness of every response token of the batch at ``train_step``."""
+    steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps]
+    st = token_staleness(train_step, np.concatenate(steps) if steps else [])  # [N]
+    return {
+        "staleness/tokens_s0": float((st <= 0).sum()),
+        "staleness/tokens_s1": float((st == 1).sum()),
+        "staleness/tokens_s2plus": float((st >= 2).sum()),
+        "staleness/mean": float(st.mean()) if st.size else 0.0,
+        "staleness/max": float(st.max()) if st.size else 0.0,
+    }
 
 
 def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:  # records only: the view does not import the producer (torch)
     from rltool.produce.backend import WorkerDeath
-    from rltool.produce.producer import GroupError
+    from rltool.produce.result import GroupError
 
 # (metric key, label, format) of the compact per-step line
 STEP_FIELDS = (

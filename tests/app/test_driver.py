@@ -1,0 +1,70 @@
+"""The step loop around training: mid-run evaluation, periodic saves, the time budget, and
+the checks that run before the model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from short_runs import short_train_args
+from typer.testing import CliRunner
+
+from rltool.cli.app import app
+
+RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
+
+
+def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
+    return short_train_args(
+        RECIPE,
+        ckpt,
+        run_dir,
+        steps,
+        "rollout.sampling.max_new_tokens=4",
+        "rollout.eval_sampling.max_new_tokens=4",
+        *extra,
+    )
+
+
+def _run(args: list[str]):
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_mid_run_evaluation_and_periodic_saves(tiny_checkpoint, tmp_path):
+    args = _args(tiny_checkpoint, tmp_path, 4, "trainer.eval_every=2", "trainer.save_every=2")
+    result = _run(args)
+    assert result.exit_code == 0, result.output
+    lines = _lines(tmp_path / "t")
+    # before step 1, after step 2, and once at the end (step 4 is not evaluated twice)
+    assert [x["step"] for x in lines if x["kind"] == "eval"] == [0, 2, 4]
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2, 3, 4]
+    ckpts = sorted(p.name for p in (tmp_path / "t" / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_000002", "step_000004"]  # every 2 steps (the end is step 4)
+    assert (tmp_path / "t" / "checkpoints" / "latest").read_text().strip() == "step_000004"
+
+
+def test_time_budget_stops_after_the_step_that_crossed_it(tiny_checkpoint, tmp_path):
+    result = _run(_args(tiny_checkpoint, tmp_path, 50, "trainer.time_budget_s=0.001"))
+    assert result.exit_code == 0, result.output
+    lines = _lines(tmp_path / "t")
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [1]
+    assert [x["step"] for x in lines if x["kind"] == "eval"] == [0, 1]  # the end still evaluates
+    assert (tmp_path / "t" / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert "time_budget" in result.output
+
+
+def test_bad_names_fail_before_the_model_loads(tmp_path):
+    # model.path names no checkpoint: loading it would fail, so the name check came first
+    missing = tmp_path / "no-such-model"
+    for override, named in (
+        ("rollout.backend=nope", "rollout.backend"),
+        ("produce.group_filter=nope", "nope"),
+        ("algorithm.estimator=nope", "nope"),
+    ):
+        result = _run(_args(missing, tmp_path, 1, override))
+        assert result.exit_code == 1, result.output
+        assert named in result.output and "no-such-model" not in result.output, result.output
