@@ -23,7 +23,8 @@ from rltool.app import run as run_module
 from rltool.app.checkpoint import latest_checkpoint, load_trainer_state
 from rltool.cli.app import app
 from rltool.produce.backend import GroupOutcome, GroupRequest, WorkerDeath
-from rltool.produce.ray_backend import RayBackend, exit_reason
+from rltool.produce.ray_backend import RayBackend
+from rltool.produce.ray_deaths import exit_reason
 from rltool.produce.result import GroupError
 from rltool.report.train_view import death_line, error_lines
 from rltool.rollout.io import read_groups
