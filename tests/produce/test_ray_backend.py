@@ -26,12 +26,8 @@ from rltool.config.schema import RecipeConfig, RolloutConfig, SamplingConfig
 from rltool.demo.model import demo_model_config
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.produce.backend import GroupRequest
-from rltool.produce.ray_backend import (
-    RayBackend,
-    death_reason,
-    failed_outcomes,
-    spread,
-)
+from rltool.produce.ray_backend import RayBackend, failed_outcomes, spread
+from rltool.produce.ray_deaths import death_reason
 from rltool.produce.ray_setup import connect_ray, local_num_cpus
 from rltool.rollout.contract import check_group
 
