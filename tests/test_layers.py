@@ -1,0 +1,101 @@
+"""The house's layers import only downward (docs/architecture.md): every ``rltool`` import
+of every module, read from its source, checked against the layer table below."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parents[1] / "rltool"
+
+# module prefix -> layer; the longest matching prefix wins. A module may import its own
+# layer and the layers below it, never above.
+LAYERS: dict[str, int] = {
+    "rltool.config": 0,
+    "rltool.registry": 0,
+    "rltool.packing": 0,
+    "rltool.rollout": 1,
+    "rltool.engines": 2,
+    "rltool.rewards": 2,
+    "rltool.models": 2,
+    "rltool.data": 2,
+    "rltool.demo": 2,  # data, tokenizer and cache paths of the demo
+    "rltool.agent_loops": 3,
+    "rltool.sessions": 3,
+    "rltool.sandbox": 3,
+    "rltool.verl_compat": 3,
+    "rltool.agents": 3,
+    "rltool.produce": 4,
+    "rltool.training": 4,
+    "rltool.demo.model": 5,  # builds the demo checkpoint: trains, so above training
+    "rltool.app": 6,
+    "rltool.cli": 7,
+    "rltool.report": 7,
+}
+# same layer, but neither may import the other
+SIBLINGS = [("rltool.produce", "rltool.training")]
+
+
+def _layer(module: str) -> int:
+    prefixes = [p for p in LAYERS if module == p or module.startswith(p + ".")]
+    assert prefixes, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
+    return LAYERS[max(prefixes, key=len)]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every rltool import in the file, lazy ones inside functions too."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            target = names[0]
+            # `from rltool.app import run` imports rltool.app.run
+            if node.module in ("rltool", *LAYERS):
+                target = max(names, key=lambda n: _known(n))
+            out.append((node.lineno, target))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+    return [(line, m) for line, m in out if m == "rltool" or m.startswith("rltool.")]
+
+
+def _known(module: str) -> int:
+    return max((len(p) for p in LAYERS if module == p or module.startswith(p + ".")), default=0)
+
+
+def _violations() -> list[str]:
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _module_name(path)
+        if here == "rltool":
+            continue
+        for line, target in _imports(path):
+            if target == "rltool":
+                continue
+            if _layer(target) > _layer(here):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {here} imports {target}")
+            for a, b in SIBLINGS:
+                for x, y in ((a, b), (b, a)):
+                    if here.startswith(x + ".") and target.startswith(y + "."):
+                        bad.append(
+                            f"{path.relative_to(PACKAGE.parent)}:{line}: {here} imports {target}"
+                        )
+    return bad
+
+
+def test_layers_import_only_downward() -> None:
+    assert _violations() == []
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [("rltool.demo.model", 5), ("rltool.demo.data", 2), ("rltool.app.run", 6)],
+)
+def test_longest_prefix_decides(module: str, layer: int) -> None:
+    assert _layer(module) == layer
