@@ -82,7 +82,7 @@ def _violations() -> list[str]:
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {here} imports {target}")
             for a, b in SIBLINGS:
                 for x, y in ((a, b), (b, a)):
-                    if here.startswith(x + ".") and target.startswith(y + "."):
+                    if here.startswith(x + ".") and (target == y or target.startswith(y + ".")):
                         bad.append(
                             f"{path.relative_to(PACKAGE.parent)}:{line}: {here} imports {target}"
                         )
