@@ -55,6 +55,9 @@ class ConstantLatencyEngine(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         pass
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        pass
+
     def generate(self, prompts, sampling):
         time.sleep(self.latency_s)
         n = len(self.ids)
@@ -93,6 +96,9 @@ class Recorder(RolloutEngine):
 
     def sync_weights(self, model_step: int) -> None:
         self.inner.sync_weights(model_step)
+
+    def load_weights(self, state_dict, model_step: int) -> None:
+        self.inner.load_weights(state_dict, model_step)
 
     def generate(self, prompts, sampling):
         self.contexts += [list(p) for p in prompts]

@@ -45,9 +45,9 @@ from rltool.agent_loops.base import AgentLoop, register_agent_loop
 from rltool.agent_loops.gsm8k import ground_truth_of
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import RolloutEngine
+from rltool.engines.batcher import AsyncGenerationBatcher
 from rltool.rewards.gsm8k import gsm8k_reward
 from rltool.rollout.state import RolloutState, Status
-from rltool.verl_compat.batcher import AsyncGenerationBatcher
 from rltool.verl_compat.config import (
     ConfigWrap,
     ToolListWrap,

@@ -1,15 +1,18 @@
-"""The rollout-engine interface: token ids in, token ids and logprobs out.
+"""The rollout-engine interface: token ids in, token ids and logprobs out, weights in.
 
-The in-process Hugging Face engine implements it now; a server engine (vLLM or
-SGLang over HTTP) implements the same interface later. Shape legend:
-R = generated tokens of one sequence.
+Every engine (in-process Hugging Face now; vLLM or an OpenAI-compatible server
+later) implements ``RolloutEngine``; the producer, the agent loops and the
+batchers call nothing else on it. Engines are built by name through
+``rltool.engines.registry``. Shape legend: R = generated tokens of one sequence.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from rltool.config.schema import SamplingConfig
 
@@ -24,7 +27,13 @@ class Generation:
 
 
 class RolloutEngine(ABC):
-    """Generates continuations of tokenized prompts with the current policy."""
+    """Generates continuations of tokenized prompts with the current policy.
+
+    Weights reach an engine one of two ways: ``sync_weights`` when it samples from
+    the trainer's own model object (a synchronous run in one process: only the
+    step changes), ``load_weights`` when it holds its own copy (asynchronous runs,
+    Ray workers).
+    """
 
     @property
     @abstractmethod
@@ -39,4 +48,19 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def sync_weights(self, model_step: int) -> None:
-        """Take the trainer's current weights, stamped as ``model_step``."""
+        """Take the trainer's current weights, stamped as ``model_step`` (shared model)."""
+
+    @abstractmethod
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        """Copy in the trainer's weights of ``model_step``; may be called from another
+        thread while ``generate`` runs (the engine applies them when it can)."""
+
+    @property
+    def weights_waiting(self) -> bool:
+        """Weights handed to ``load_weights`` that the engine has not applied yet. An
+        engine that applies them at once never has any waiting."""
+        return False
+
+    def shutdown(self) -> None:  # noqa: B027 (a hook: engines that hold nothing skip it)
+        """Release what the engine holds (threads, processes, device memory); the run is
+        ending. An engine that holds nothing beyond its Python objects has nothing to do."""

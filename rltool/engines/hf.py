@@ -16,15 +16,9 @@ Logprobs follow the trainer's convention: ``log_softmax(raw_logits / t)`` at
 the chosen token, with ``t`` the sampling temperature (1 for greedy), computed
 from the model's raw logits before top-p/top-k filtering.
 
-Repeated contexts (a GRPO group sends its prompt ``group_size`` times) share their
-prefill: each distinct context but its last token is run through the model once, the
-KV cache is copied out to its repeats, and ``generate`` continues from that cache with
-only the last token left to prefill. Models whose cache is not a plain
-``DynamicCache`` take the unshared path.
-
-A sequence ends at its first EOS or stop string (transformers'
-``StopStringCriteria``); the EOS token or the stop string's tokens are kept,
-padding and anything after them are dropped.
+Repeated contexts share their prefill (``hf_prefill``); a sequence ends at its first
+EOS or stop string (``hf_stopping``), whose tokens are kept, padding and anything
+after them dropped.
 
 Seeding: ``generate`` samples from torch's global RNG; seed it with
 ``torch.manual_seed`` (the trainer does so once at start) for reproducible
@@ -33,100 +27,21 @@ rollouts.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
 
-from rltool.config.schema import SamplingConfig
+from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
-
-
-class _FinishRecorder(StoppingCriteria):
-    """Stops a row at EOS or a stop string and records how many tokens it had then.
-
-    ``generate`` fills finished rows with padding, and the pad id may equal an
-    EOS id, so where a row ended cannot be read back from the output; this
-    criterion records it while generating.
-    """
-
-    def __init__(
-        self,
-        prompt_len: int,
-        eos_ids: torch.Tensor,
-        stop: StopStringCriteria | None,
-        batch: int,
-    ):
-        self.prompt_len = prompt_len
-        self.eos_ids = eos_ids  # [E]
-        self.stop = stop
-        self.lengths = torch.zeros(batch, dtype=torch.long)  # [B] 0 = not finished yet
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        done = torch.isin(input_ids[:, -1], self.eos_ids)  # [B]
-        if self.stop is not None:
-            done |= self.stop(input_ids, scores)
-        done = done.cpu()
-        n_new = input_ids.shape[1] - self.prompt_len
-        self.lengths = torch.where(done & (self.lengths == 0), n_new, self.lengths)  # [B]
-        return done.to(input_ids.device)
-
-
-class _PauseForWeights(StoppingCriteria):
-    """Ends the ``generate`` call at a pause point (every ``every`` new tokens) once new
-    weights wait; rows it stops are not finished and continue in the next call."""
-
-    def __init__(self, engine: HFEngine, prompt_len: int, every: int):
-        self.engine, self.prompt_len, self.every = engine, prompt_len, every
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        n_new = input_ids.shape[1] - self.prompt_len
-        pause = n_new % self.every == 0 and self.engine.weights_waiting
-        return torch.full((input_ids.shape[0],), pause, dtype=torch.bool, device=input_ids.device)
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's EOS plus any extra EOS ids of the model's generation config."""
-    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    cfg_eos = model.generation_config.eos_token_id if model.generation_config else None
-    ids += cfg_eos if isinstance(cfg_eos, list) else [] if cfg_eos is None else [cfg_eos]
-    if not ids:
-        raise ValueError("the tokenizer and the model's generation config define no EOS token")
-    return sorted(set(ids))
-
-
-def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P]
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
-    for row, p in enumerate(prompts):  # one copy per sequence
-        ids[row, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        mask[row, width - len(p) :] = 1
-    return ids, mask
-
-
-def _position_ids(mask: torch.Tensor) -> torch.Tensor:
-    """Positions over the real tokens, 0 on padding: what ``generate`` derives from the mask."""
-    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # [B, P]
-
-
-def _can_share_prefill(model: PreTrainedModel) -> bool:
-    """Whether a cache built by one forward can be handed to ``generate`` (decoder-only,
-    default dynamic cache, positions and cache taken by ``forward``)."""
-    params = inspect.signature(model.forward).parameters
-    cfg_cache = getattr(model.generation_config, "cache_implementation", None)
-    return (
-        not model.config.is_encoder_decoder
-        and model._supports_default_dynamic_cache()
-        and cfg_cache is None
-        and {"position_ids", "cache", "use_cache"} <= params.keys()
-    )
+from rltool.engines.hf_prefill import SharedPrefill, left_pad
+from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights, eos_ids
+from rltool.engines.registry import ENGINES
 
 
 def _generation_config(sampling: SamplingConfig, eos: list[int], pad_id: int) -> GenerationConfig:
@@ -213,14 +128,11 @@ class HFEngine(RolloutEngine):
         self.batch_size = batch_size
         self.chunk_tokens = chunk_tokens
         self._model_step = model_step
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_ids[0] if pad is None else pad
-        # False: every row prefills its own context, repeats included (the reference path)
-        self._share_prefill = share_prefill and _can_share_prefill(model)
-        # the prefix forward's logits are unused: keep only one position where the model allows
-        takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._prefix_kwargs = {"logits_to_keep": 1} if takes_keep else {}
+        # None: every row prefills its own context, repeats included (the reference path)
+        self._prefill = SharedPrefill(model, self.pad_id) if share_prefill else None
         # weights handed over while a generate runs wait here for the next chunk boundary
         self._lock = threading.Lock()
         self._generating = False
@@ -344,17 +256,18 @@ class HFEngine(RolloutEngine):
         """One ``generate`` call of at most ``max_new`` tokens: per row the new tokens (up to
         and including EOS or the stop string), their logprobs, and whether the row ended."""
         device = self.model.device
-        ids, mask = _left_pad(contexts, self.pad_id)  # [B, P]
+        ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
         stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
-        recorder = _FinishRecorder(
+        recorder = FinishRecorder(
             ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(contexts)
         )
         criteria: list[StoppingCriteria] = [recorder]
         if self.chunk_tokens is not None:
-            criteria.append(_PauseForWeights(self, ids.shape[1], self.chunk_tokens))
+            pause = PauseForWeights(lambda: self.weights_waiting, ids.shape[1], self.chunk_tokens)
+            criteria.append(pause)
         cfg = _generation_config(sampling, self.eos_ids, self.pad_id)
         cfg.max_new_tokens = max_new
-        cache = self._shared_prefix_cache(contexts, mask)
+        cache = None if self._prefill is None else self._prefill.cache(contexts, mask)
         res = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
@@ -375,34 +288,13 @@ class HFEngine(RolloutEngine):
         lps = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
         return tokens, lps, finished.tolist()
 
-    def _shared_prefix_cache(
-        self, contexts: Sequence[Sequence[int]], mask: torch.Tensor
-    ) -> DynamicCache | None:
-        """The KV cache of every row's padded context but its last token, each distinct
-        context computed once and copied to its repeats; None (the unshared path) where no
-        context repeats, the contexts are one token wide, or the model's cache is not a plain
-        ``DynamicCache``. ``mask`` [B, P] is the batch's left-padded attention mask."""
-        distinct: dict[tuple[int, ...], int] = {}
-        row_of = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]  # [B]
-        if not self._share_prefill or len(distinct) == len(contexts) or mask.shape[1] < 2:
-            return None
-        device = self.model.device
-        ids, umask = _left_pad(list(distinct), self.pad_id)  # [U, P]
-        assert umask.shape == (len(distinct), mask.shape[1]), "distinct contexts padded differently"
-        prefix_mask = umask[:, :-1]  # [U, P-1]
-        out = self.model(
-            input_ids=ids[:, :-1].to(device),
-            # generate drops an all-ones mask; so does the prefill, to run the same kernels
-            attention_mask=None if bool(mask.all()) else prefix_mask.to(device),
-            position_ids=_position_ids(prefix_mask).to(device),
-            use_cache=True,
-            **self._prefix_kwargs,
-        )
-        cache = getattr(out, "cache", None)
-        if type(cache) is not DynamicCache or any(
-            type(x) is not DynamicLayer for x in cache.layers
-        ):
-            self._share_prefill = False  # e.g. sliding-window or linear-attention layers
-            return None
-        cache.batch_select_indices(torch.tensor(row_of, device=device))  # [B] rows per distinct
-        return cache
+
+@ENGINES.register("hf")
+def build_hf_engine(
+    rollout: RolloutConfig, model_cfg: ModelConfig, model: Any, tokenizer: Any
+) -> HFEngine:
+    """``rollout.engine: hf``: ``generate`` on the policy loaded in this process."""
+    assert model is not None and tokenizer is not None, "the hf engine needs a loaded model"
+    return HFEngine(
+        model, tokenizer, batch_size=rollout.batch_size, chunk_tokens=rollout.chunk_tokens
+    )

@@ -47,6 +47,7 @@ class InProcessBackend(RolloutBackend):
         self._queued: list[GroupRequest] = []  # sync: submitted, generated at collect
         self._jobs: dict[Future, list[GroupRequest]] = {}  # async: one future per submit
         self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
         if self.concurrent:
             torch.set_num_threads(async_torch_threads())
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="rltool-generate")
@@ -106,7 +107,11 @@ class InProcessBackend(RolloutBackend):
         return self._executor.submit(self.worker.evaluate, task_name, tasks, sampling).result()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
             self._jobs.clear()
+        self.worker.shutdown()

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 WorkerFactory = Callable[[RecipeConfig, str], Any]  # (recipe, name) -> a RolloutWorker-like object
 MAX_RESTARTS_IN_A_ROW = 3  # a worker that dies this often without finishing a call stops the run
+SHUTDOWN_WAIT_S = 10.0  # close() waits this long for workers to shut their engines down
 
 
 def spread(n_requests: int, loads: Sequence[int]) -> list[tuple[int, slice]]:
@@ -75,8 +76,8 @@ def failed_outcomes(
 
 class _WorkerActor:
     """A RolloutWorker in its own process; methods run in two concurrency groups
-    ("generate": generate and evaluate, one at a time; "weights": load_weights),
-    so new weights arrive while a generation runs."""
+    ("generate": generate and evaluate, one at a time; "weights": load_weights and
+    shutdown), so new weights arrive while a generation runs."""
 
     def __init__(
         self,
@@ -114,6 +115,10 @@ class _WorkerActor:
     @ray.method(concurrency_group="weights")
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
         self.worker.load_weights(state_dict, model_step)
+
+    @ray.method(concurrency_group="weights")
+    def shutdown(self) -> None:
+        self.worker.shutdown()
 
 
 _RemoteWorker = ray.remote(concurrency_groups={"generate": 1, "weights": 1})(_WorkerActor)
@@ -254,6 +259,7 @@ class RayBackend(RolloutBackend):
         if self._closed:
             return
         self._closed = True
+        self._shut_workers_down()
         for slot in self._slots:
             ray.kill(slot.actor)
         self._pending.clear()
@@ -297,6 +303,19 @@ class RayBackend(RolloutBackend):
         )
 
     # --- internals -------------------------------------------------------------------------
+
+    def _shut_workers_down(self) -> None:
+        """Each worker's engine releases what it holds before its actor is killed; a worker
+        that is dead, fails or takes over ``SHUTDOWN_WAIT_S`` is killed all the same."""
+        calls = {s.actor.shutdown.remote(): s.name for s in self._slots}
+        done, late = ray.wait(list(calls), num_returns=len(calls), timeout=SHUTDOWN_WAIT_S)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayError as e:
+                log.warning("rollout worker %s: shutdown failed: %s", calls[ref], death_reason(e))
+        for ref in late:
+            log.warning("rollout worker %s: no shutdown after %.0f s", calls[ref], SHUTDOWN_WAIT_S)
 
     def _spawn(self, name: str) -> Any:
         ref, step = self._weights if self._weights is not None else (None, 0)

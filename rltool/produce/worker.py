@@ -1,7 +1,8 @@
 """A rollout worker: an engine plus the agent loops of every task; no trainer, no optimizer.
 
 Both backends wrap it: ``InProcessBackend`` calls it in this process (on a
-background thread in async mode), ``RayBackend`` holds one per Ray actor.
+background thread in async mode), ``RayBackend`` holds one per Ray actor. The
+engine is the one ``rollout.engine`` names (``rltool.engines.registry``).
 ``generate`` batches the requests that share a task, group size and sampling
 into ONE ``generate_groups`` call (one batched engine call), and never raises
 for a loop's failure: the requests of a batch whose loop raised come back as
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
-from rltool.engines.hf import HFEngine
+from rltool.engines.batcher import sampling_key
+from rltool.engines.registry import build_engine, check_engine_name
 from rltool.produce.backend import GroupOutcome, GroupRequest
 from rltool.produce.tasks import build_task_loops
 
@@ -27,14 +29,15 @@ from rltool.produce.tasks import build_task_loops
 FINISHED_AT = "time/finished_at"
 
 
-def _batch_key(r: GroupRequest) -> tuple[str, int, str]:
-    # SamplingConfig is a mutable dataclass (unhashable): its repr names every field
-    return r.task_name, r.n, repr(r.sampling)
+def _batch_key(r: GroupRequest) -> tuple:
+    # a loop generates a batch with one sampling: its budget must agree too (None: the loop's)
+    s = r.sampling
+    return r.task_name, r.n, None if s is None else (sampling_key(s), s.max_new_tokens)
 
 
 def batches(requests: Sequence[GroupRequest]) -> list[list[GroupRequest]]:
     """Requests split into batches of one task, group size and sampling, in first-seen order."""
-    out: dict[tuple[str, int, str], list[GroupRequest]] = {}
+    out: dict[tuple, list[GroupRequest]] = {}
     for r in requests:
         out.setdefault(_batch_key(r), []).append(r)
     return list(out.values())
@@ -50,6 +53,7 @@ class RolloutWorker:
         tokenizer: Any = None,
         name: str = "worker-0",
     ):
+        check_engine_name(recipe.rollout.engine)  # before loading a model for nothing
         if model is None:
             from rltool.models import load_model_and_tokenizer
 
@@ -57,12 +61,7 @@ class RolloutWorker:
         if tokenizer is None:
             raise ValueError(f"RolloutWorker {name}: a model was given without its tokenizer")
         self.name = name
-        self.engine = HFEngine(
-            model,
-            tokenizer,
-            batch_size=recipe.rollout.batch_size,
-            chunk_tokens=recipe.rollout.chunk_tokens,
-        )
+        self.engine = build_engine(recipe.rollout, recipe.model, model, tokenizer)
         self.loops = build_task_loops(recipe, self.engine, tokenizer)
 
     @property
@@ -126,6 +125,10 @@ class RolloutWorker:
     def sync_weights(self, model_step: int) -> None:
         """Shared-model case (sync, in process): only the step that stamps tokens changes."""
         self.engine.sync_weights(model_step)
+
+    def shutdown(self) -> None:
+        """The run is ending: the engine releases what it holds."""
+        self.engine.shutdown()
 
     def evaluate(
         self, task_name: str, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig

@@ -18,7 +18,7 @@ file gets the process umask's permissions; the sandbox decides who may reach it.
 Routes: ``POST /s/{session_id}/v1/chat/completions``, ``GET /s/{session_id}/v1/models``
 and ``GET /health``. The stdlib HTTP server (a thread per connection) keeps the
 dependency footprint at zero; the engine work is serialised and batched by
-``GenerationBatcher``, so the HTTP threads only parse, render and wait.
+``rltool.engines.batcher.GenerationBatcher``, so the HTTP threads only parse, render and wait.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from jinja2 import TemplateError
 
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import RolloutEngine
-from rltool.sessions.batcher import GenerationBatcher
+from rltool.engines.batcher import GenerationBatcher
 from rltool.sessions.protocol import ApiError, chat_response, parse_chat_request
 from rltool.sessions.session import Session
 from rltool.sessions.tool_calls import parse_reply
@@ -69,7 +69,10 @@ class SessionServer:
         self.sampling = sampling or SamplingConfig()
         self.model_name = model_name
         self.honor_sampling = honor_sampling
-        self.batcher = GenerationBatcher(engine)
+        # a reply cut to its turn's budget is decoded as the engine decodes its replies
+        self.batcher = GenerationBatcher(
+            engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        )
         self._host, self._port = host, port
         self.unix_socket = None if unix_socket is None else Path(unix_socket)
         self.url: str | None = None  # http://host:port once started

@@ -8,8 +8,8 @@ num_turns, extra_fields). This package supplies what such a loop talks to, all
 duck-typed so that verl is not a dependency of rltool:
 
 - ``config``: the verl-shaped configuration a loop reads, and tool loading;
-- ``server``: the server manager whose ``generate`` runs on rltool's engine;
-- ``batcher``: gathers the concurrent ``generate`` calls into one engine call;
+- ``server``: the server manager whose ``generate`` runs on rltool's engine,
+  its concurrent calls gathered into one engine call (``rltool.engines.batcher``);
 - ``convert``: an ``AgentLoopOutput`` to canonical train fields.
 
 The agent loop that uses them is ``rltool.agent_loops.verl``.

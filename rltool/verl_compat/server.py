@@ -21,7 +21,7 @@ from typing import Any
 
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
-from rltool.verl_compat.batcher import AsyncGenerationBatcher
+from rltool.engines.batcher import AsyncGenerationBatcher
 
 # keys whose value only matters when it differs from this neutral value
 _NEUTRAL = {

@@ -34,6 +34,9 @@ class ContextEngine(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         self._step = model_step
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        self._step = model_step
+
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig):
         with self._lock:
             self.batch_sizes.append(len(prompts))

@@ -52,6 +52,9 @@ class FakeEngine(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         raise AssertionError("not used")
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        raise AssertionError("not used")
+
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:

@@ -24,7 +24,6 @@ from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
 from rltool.rollout.contract import check_group, check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, Status
-from rltool.verl_compat.batcher import AsyncGenerationBatcher, cut
 from rltool.verl_compat.config import resolve_tool_path, trainer_config
 from rltool.verl_compat.convert import canonical_fields
 from rltool.verl_compat.server import sampling_params_of, to_sampling
@@ -145,6 +144,9 @@ class ScriptedEngine(RolloutEngine):
         return self.step
 
     def sync_weights(self, model_step: int) -> None:
+        self.step = model_step
+
+    def load_weights(self, state_dict, model_step: int) -> None:
         self.step = model_step
 
     def generate(
@@ -390,46 +392,6 @@ def test_to_sampling(tokenizer) -> None:
     assert to_sampling(params, 8, text) == SamplingConfig(
         temperature=0.5, max_new_tokens=8, stop=["?"]
     )
-
-
-def test_cut() -> None:
-    gen = Generation([5, 6, 7], [-1.0, -2.0, -3.0], [1, 1, 2], "stop", "x")
-    assert cut(gen, 3, str) is gen
-    short = cut(gen, 2, lambda t: " ".join(map(str, t)))
-    assert short == Generation([5, 6], [-1.0, -2.0], [1, 1], "length", "5 6")
-
-
-def test_batcher_runs_one_call_with_the_largest_budget_and_cuts() -> None:
-    import asyncio
-
-    class Echo(ScriptedEngine):
-        def generate(self, prompts, sampling):
-            self.calls.append(([list(p) for p in prompts], sampling))
-            n = sampling.max_new_tokens
-            return [Generation([9] * n, [-0.5] * n, [0] * n, "length", "") for _ in prompts]
-
-    engine = Echo()
-    batcher = AsyncGenerationBatcher(engine, lambda t: f"{len(t)} tokens")
-
-    async def one(budget: int, temperature: float, delay: int) -> Generation:
-        try:
-            for _ in range(delay):  # arrive at different times
-                await asyncio.sleep(0)
-            return await batcher.generate([1], SamplingConfig(temperature, max_new_tokens=budget))
-        finally:
-            batcher.trajectory_done()
-
-    async def main():
-        batcher.add_trajectories(3)
-        return await asyncio.gather(one(2, 1.0, 3), one(4, 1.0, 0), one(3, 0.0, 1))
-
-    a, b, c = asyncio.run(main())
-    assert [(len(p), s.max_new_tokens, s.temperature) for p, s in engine.calls] == [
-        (2, 4, 1.0),  # the two at temperature 1 together, with the larger budget
-        (1, 3, 0.0),
-    ]
-    assert (a.token_ids, a.text, b.token_ids, len(c.token_ids)) == ([9, 9], "2 tokens", [9] * 4, 3)
-    assert (batcher.calls, batcher.requests, batcher.running) == (2, 3, 0)
 
 
 def test_trainer_config_has_what_verl_loops_read() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 from produce_fakes import group
@@ -18,10 +19,12 @@ from rltool.produce.backend import GroupOutcome, GroupRequest
 
 class SleepyWorker:
     """Sleeps ``task["delay_s"]`` per request, then answers with a two-sample group;
-    ``task["raise"]`` makes the whole call raise (a worker breaking its contract)."""
+    ``task["raise"]`` makes the whole call raise (a worker breaking its contract).
+    ``shutdown`` writes ``<shutdown_dir>/<name>`` when a directory is given."""
 
-    def __init__(self, recipe: RecipeConfig, name: str):
+    def __init__(self, recipe: RecipeConfig, name: str, shutdown_dir: Path | None = None):
         self.name = name
+        self.shutdown_dir = shutdown_dir
         self._model_step = 0
         self.weight_sum = 0.0  # sum of the last loaded weights: shows which ones arrived
 
@@ -40,6 +43,10 @@ class SleepyWorker:
 
     def evaluate(self, task_name: str, tasks: list[dict], sampling: SamplingConfig) -> dict:
         return {f"eval/{task_name}/n": float(len(tasks)), "eval/weight_sum": self.weight_sum}
+
+    def shutdown(self) -> None:
+        if self.shutdown_dir is not None:
+            (self.shutdown_dir / self.name).write_text("shut down")
 
     @property
     def model_step(self) -> int:

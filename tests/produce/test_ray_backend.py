@@ -10,6 +10,7 @@ use real ``RolloutWorker``s on a tiny random model.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from pathlib import Path
@@ -200,6 +201,14 @@ def test_close_kills_the_actors_but_leaves_a_ray_it_did_not_start(ray_cluster):
     assert ray.is_initialized()
     with pytest.raises(RayActorError):
         ray.get(actor.pid.remote())
+
+
+@pytest.mark.slow
+def test_close_shuts_every_worker_down_before_killing_it(ray_cluster, tmp_path):
+    factory = functools.partial(ray_fakes.SleepyWorker, shutdown_dir=tmp_path)
+    backend = RayBackend(_fake_recipe(2), worker_factory=factory)
+    backend.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0", "worker-1"]
 
 
 # --- real RolloutWorkers on a tiny random model -----------------------------------------

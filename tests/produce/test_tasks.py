@@ -142,6 +142,9 @@ class EchoEngine(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         pass
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        pass
+
     def generate(self, prompts, sampling):
         self.calls += 1
         ids = [*self.tokenizer.encode(self.reply, add_special_tokens=False)]

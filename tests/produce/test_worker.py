@@ -52,13 +52,24 @@ def test_batches_split_by_task_group_size_and_sampling():
         GroupRequest("a", {}, "g3", 3),
         GroupRequest("a", {}, "g4", 2, sampling=greedy),
         GroupRequest("a", {}, "g5", 2, sampling=SamplingConfig(temperature=0.0)),
+        # a loop runs a batch with one sampling: another budget is another batch
+        GroupRequest("a", {}, "g6", 2, sampling=SamplingConfig(temperature=0, max_new_tokens=8)),
     ]
     assert [[r.group_id for r in b] for b in batches(rs)] == [
         ["g0", "g2"],
         ["g1"],
         ["g3"],
         ["g4", "g5"],
+        ["g6"],
     ]
+
+
+def test_an_unknown_engine_fails_before_a_model_is_loaded():
+    r = recipe()
+    r.rollout.engine = "nope"
+    r.model.path = "/no/such/checkpoint"  # loading it would fail with another error
+    with pytest.raises(ValueError, match=r"rollout.engine: unknown rollout engine 'nope'"):
+        RolloutWorker(r)
 
 
 def test_worker_generates_one_outcome_per_request_in_one_engine_call(model, tokenizer):
@@ -129,3 +140,13 @@ def test_async_backend_generates_on_its_own_copy_in_the_background(model, tokeni
     finally:
         backend.close()
         backend.close()  # twice is fine
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_closing_the_backend_shuts_the_engine_down_once(model, tokenizer, mode):
+    backend = InProcessBackend(recipe(mode), model=model, tokenizer=tokenizer)
+    shutdowns = []
+    backend.worker.engine.shutdown = lambda: shutdowns.append(1)
+    backend.close()
+    backend.close()
+    assert shutdowns == [1]

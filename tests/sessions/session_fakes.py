@@ -60,6 +60,9 @@ class ScriptedEngine(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         self._step = model_step
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        self._step = model_step
+
     def generate(self, prompts, sampling):
         self.calls.append(([list(p) for p in prompts], sampling))
         out = []

@@ -245,6 +245,9 @@ class Tap(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         self.inner.sync_weights(model_step)
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        self.inner.load_weights(state_dict, model_step)
+
     def generate(self, prompts, sampling):
         out = self.inner.generate(prompts, sampling)
         self.gens += out

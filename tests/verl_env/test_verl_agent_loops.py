@@ -165,6 +165,9 @@ class ToolCallingEngine(RolloutEngine):
     def sync_weights(self, model_step: int) -> None:
         self.step = model_step
 
+    def load_weights(self, state_dict, model_step: int) -> None:
+        self.step = model_step
+
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
