@@ -29,6 +29,7 @@ from rltool.app.checkpoint import (
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import ensure_builtin_models
+from rltool.engines.registry import check_engine_name
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.filters import get_group_filter
@@ -109,6 +110,7 @@ def check_recipe(recipe: RecipeConfig) -> None:
             f"known: {', '.join(BACKENDS)}"
         )
     get_group_filter(recipe.produce.group_filter)
+    check_engine_name(recipe.rollout.engine)
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:

@@ -64,6 +64,7 @@ def test_bad_names_fail_before_the_model_loads(tmp_path):
         ("rollout.backend=nope", "rollout.backend"),
         ("produce.group_filter=nope", "nope"),
         ("algorithm.estimator=nope", "nope"),
+        ("rollout.engine=nope", "rollout.engine: unknown rollout engine 'nope'; known: hf"),
     ):
         result = _run(_args(missing, tmp_path, 1, override))
         assert result.exit_code == 1, result.output
