@@ -36,13 +36,9 @@ from rltool.engines.hf import HFEngine
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.producer import Producer
-from rltool.produce.tasks import (
-    TaskSampler,
-    TaskSpec,
-    evaluate_tasks,
-    load_task_data,
-    task_specs,
-)
+from rltool.produce.task_metrics import evaluate_tasks
+from rltool.produce.task_sampler import TaskSampler
+from rltool.produce.task_specs import TaskSpec, load_task_data, task_specs
 from rltool.rollout.state import RolloutState
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig

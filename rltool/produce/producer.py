@@ -45,7 +45,8 @@ from rltool.produce.result import (
     raw_reward_totals,
     time_stats,
 )
-from rltool.produce.tasks import TaskSampler, per_task_metrics
+from rltool.produce.task_metrics import per_task_metrics
+from rltool.produce.task_sampler import TaskSampler
 from rltool.produce.worker import FINISHED_AT
 from rltool.rollout.staleness import token_staleness
 from rltool.rollout.state import RolloutState, Status

@@ -19,7 +19,7 @@ import torch
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.engines.hf import HFEngine
 from rltool.produce.backend import GroupOutcome, GroupRequest
-from rltool.produce.tasks import build_task_loops
+from rltool.produce.task_loops import build_task_loops
 
 # GroupOutcome.metrics key: wall-clock time (time.time()) at which the group's
 # generation ended, so the producer can measure generation/training overlap
