@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from rltool.agent_loops.base import get_agent_loop
 from rltool.agent_loops.gsm8k import ground_truth_of
 from rltool.app.run import build_run, evaluate, generate_step
 from rltool.config.loader import load_recipe
@@ -40,6 +39,7 @@ from rltool.demo.model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
 from rltool.produce.result import rollout_metrics
 from rltool.produce.sampler import PromptSampler
+from rltool.produce.task_loops import build_task_loops
 from rltool.rewards.gsm8k import gsm8k_reward
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "gsm8k_tiny.yaml"
@@ -83,9 +83,7 @@ def eval_model(recipe: RecipeConfig, model: Any, tokenizer: Any, tasks: list[dic
     """rltool's greedy held-out evaluation, applied to any model object."""
     engine = HFEngine(model, tokenizer, batch_size=recipe.rollout.batch_size)
     model.eval()
-    loop = get_agent_loop(recipe.agent_loop.name).from_recipe(
-        recipe, engine=engine, tokenizer=tokenizer
-    )
+    (loop,) = build_task_loops(recipe, engine, tokenizer).values()
     out = loop.evaluate(tasks, recipe.rollout.eval_sampling)
     model.train()
     return out

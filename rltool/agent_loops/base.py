@@ -1,81 +1,116 @@
-"""AgentLoop base class and the registry of loops (``agent_loop.name`` in a recipe).
+"""The AgentLoop interface, what every loop is built with, and the registry of loops.
 
 An agent loop turns a task (a prompt, an environment) into RolloutStates and
 owns their per-sample token fields (data-contract sections 1 and 3); the builds
-and checks themselves are ``rltool.agent_loops.canonical``'s.
+and checks themselves are ``rltool.agent_loops.canonical``'s. A recipe names a
+loop by ``agent_loop.name`` (``AGENT_LOOPS``); ``from_config`` builds it from
+``agent_loop.options`` and a ``LoopContext``.
 """
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self, TypeVar
 
 from rltool.agent_loops.canonical import canonicalize_prompt_response, check_train_fields
+from rltool.config.schema import SamplingConfig
+from rltool.engines.base import RolloutEngine
+from rltool.registry import Registry
 from rltool.rollout.state import RolloutState
 
-_REGISTRY: dict[str, type[AgentLoop]] = {}
+L = TypeVar("L", bound="type[AgentLoop]")
+
+AGENT_LOOPS: Registry[type[AgentLoop]] = Registry(
+    "agent loop",
+    "agent_loop.name",
+    builtin_modules=[
+        "rltool.agent_loops.gsm8k",
+        "rltool.agent_loops.localhost",
+        "rltool.agent_loops.sandbox",
+        "rltool.agent_loops.verl",
+    ],
+)
 
 
-def register_agent_loop(name: str) -> Callable[[type[AgentLoop]], type[AgentLoop]]:
-    """Class decorator: make a loop buildable by ``agent_loop.name`` in a recipe."""
+def register(name: str) -> Callable[[L], L]:
+    """Class decorator: the loop that ``agent_loop.name: <name>`` builds."""
 
-    def wrap(cls: type[AgentLoop]) -> type[AgentLoop]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"agent loop {name!r} is registered twice")
+    def wrap(cls: L) -> L:
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return AGENT_LOOPS.register(name)(cls)
 
     return wrap
 
 
-def known_agent_loops() -> list[str]:
-    _import_builtin_loops()
-    return sorted(_REGISTRY)
+@dataclass(frozen=True, slots=True)
+class LoopContext:
+    """What every agent loop is built with, whatever its options."""
 
-
-def get_agent_loop(name: str) -> type[AgentLoop]:
-    _import_builtin_loops()
-    if name not in _REGISTRY:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise ValueError(f"unknown agent loop {name!r}; known agent loops: {known}")
-    return _REGISTRY[name]
-
-
-def _import_builtin_loops() -> None:
-    # Importing the modules runs their @register_agent_loop decorators.
-    import importlib
-    import pkgutil
-
-    import rltool.agent_loops as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name != "base":
-            importlib.import_module(f"rltool.agent_loops.{mod.name}")
+    engine: RolloutEngine
+    tokenizer: Any  # a Hugging Face tokenizer
+    sampling: SamplingConfig  # the training sampling (``rollout.sampling``)
+    task_name: str  # the RolloutState.task_name of every sample the loop produces
 
 
 class AgentLoop(ABC):
-    """Produces the samples of one group and canonicalizes them."""
+    """Produces the samples of groups of prompts, canonical, and evaluates on tasks.
 
-    name: ClassVar[str] = ""
+    A loop's ``__init__(self, ctx, *, <options>)`` takes its recipe options
+    (``agent_loop.options``) as keyword arguments and calls ``super().__init__(ctx)``;
+    it validates them with ValueErrors that name ``agent_loop.options.<key>``.
+    """
+
+    name: ClassVar[str] = ""  # set by @register
+
+    def __init__(self, ctx: LoopContext) -> None:
+        self.engine = ctx.engine
+        self.tokenizer = ctx.tokenizer
+        self.sampling = ctx.sampling
+        self.task_name = ctx.task_name
 
     @classmethod
-    def from_recipe(cls, recipe: Any, *, engine: Any, tokenizer: Any) -> AgentLoop:
-        """Build the loop a recipe names; ``agent_loop.options`` become keyword arguments."""
-        options = dict(recipe.agent_loop.options)
-        try:
-            return cls(
-                engine=engine, tokenizer=tokenizer, sampling=recipe.rollout.sampling, **options
+    def from_config(cls, options: Mapping[str, Any], ctx: LoopContext) -> Self:
+        """The loop with ``options`` as keyword arguments; an option the loop does not
+        take, or a required one left out, is a ValueError naming its recipe key."""
+        params = inspect.signature(cls.__init__).parameters
+        named = {  # the loop's options: its named parameters after self and ctx
+            k: p
+            for k, p in list(params.items())[2:]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+        unknown = sorted(set(options) - set(named))
+        if unknown:
+            raise ValueError(
+                f"agent_loop.options.{unknown[0]}: agent loop {cls.name!r} has no such option; "
+                f"its options: {', '.join(named) or 'none'}"
             )
-        except TypeError as exc:
-            raise ValueError(f"agent_loop.options for {cls.name!r}: {exc}") from exc
+        missing = [k for k, p in named.items() if p.default is p.empty and k not in options]
+        if missing:
+            raise ValueError(
+                f"agent_loop.options.{missing[0]} is required by agent loop {cls.name!r}"
+            )
+        return cls(ctx, **options)
 
     @abstractmethod
     def generate_groups(
-        self, tasks: Sequence[Any], n: int, group_ids: Sequence[str], sampling: Any = None
+        self,
+        tasks: Sequence[dict[str, Any]],
+        n: int,
+        group_ids: Sequence[str],
+        sampling: SamplingConfig | None = None,
     ) -> list[list[RolloutState]]:
-        """``n`` canonical RolloutStates per task (one prompt group each), batched."""
+        """``n`` canonical RolloutStates per task (one prompt group each), batched;
+        ``sampling`` None means the loop's own (``ctx.sampling``)."""
+
+    @abstractmethod
+    def evaluate(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        """``eval/*`` figures over one sample per task (``eval/accuracy``, ``eval/n``, ...);
+        the counters of ``pop_metrics`` are left as they were."""
 
     def generate_group(self, task: Any, n: int, group_id: str, **kwargs: Any) -> list[RolloutState]:
         return self.generate_groups([task], n, [group_id], **kwargs)[0]

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.config.schema import SamplingConfig
-from rltool.engines.base import Generation, RolloutEngine
+from rltool.engines.base import Generation
 from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
 from rltool.rollout.state import RolloutState, Status
 
@@ -31,22 +31,12 @@ def ground_truth_of(task: dict[str, Any]) -> str:
     return extract_answer(answer) or answer.strip()
 
 
-@register_agent_loop("gsm8k")
+@register("gsm8k")
 class GSM8KLoop(AgentLoop):
     """Single-turn question answering rewarded by the final number (prompt+response)."""
 
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        tokenizer: Any,
-        sampling: SamplingConfig,
-        task_name: str = "gsm8k",
-        system_prompt: str | None = None,
-    ):
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.task_name = task_name
+    def __init__(self, ctx: LoopContext, *, system_prompt: str | None = None):
+        super().__init__(ctx)
         self.system_prompt = system_prompt
         self._reward_errors = 0  # since the last pop_metrics()
 

@@ -52,9 +52,8 @@ from typing import Any
 import numpy as np
 from jinja2 import TemplateError
 
-from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.config.schema import SamplingConfig
-from rltool.engines.base import RolloutEngine
 from rltool.rollout.state import RolloutState, Status
 from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export
 
@@ -275,18 +274,16 @@ class _Job:
     session_id: str
 
 
-@register_agent_loop("localhost")
+@register("localhost")
 class LocalhostLoop(AgentLoop):
     """In-process agents, one session each, all of a step at once on a thread pool."""
 
     def __init__(
         self,
-        engine: RolloutEngine,
-        tokenizer: Any,
-        sampling: SamplingConfig,
+        ctx: LoopContext,
+        *,
         agent: str,
         judger: str,
-        task_name: str = "localhost",
         max_concurrent: int = 256,
         request_timeout_s: float = 600.0,
         honor_sampling: bool = False,
@@ -301,17 +298,14 @@ class LocalhostLoop(AgentLoop):
             raise ValueError(
                 f"agent_loop.options.max_concurrent must be >= 1, got {max_concurrent}"
             )
+        super().__init__(ctx)
         self._openai = openai
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.sampling = sampling
         self.agent = load_callable(agent, "agent")
         self.judger = load_callable(judger, "judger")
-        self.task_name = task_name
         self.max_concurrent = max_concurrent
         self.request_timeout_s = request_timeout_s
         self.honor_sampling = honor_sampling
-        self.server_tokenizer = session_tokenizer(tokenizer)
+        self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
 
     def generate_groups(

@@ -38,17 +38,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.localhost import (
     LoopCounters,
     count_session,
@@ -60,65 +58,26 @@ from rltool.agent_loops.localhost import (
     session_states,
     session_tokenizer,
 )
-from rltool.config.schema import SamplingConfig
-from rltool.engines.base import RolloutEngine
-from rltool.rollout.state import RolloutState
-from rltool.sandbox import (
-    CheckedRun,
-    SandboxError,
-    SandboxLimits,
-    SandboxPool,
-    SandboxResult,
-    SandboxSpec,
-    SandboxStatus,
-    default_env,
+from rltool.agent_loops.sandbox_task import (
+    CodingTask,
+    agent_error,
+    check_reward,
+    is_argv,
+    run_summary,
+    temp_dir,
+    write_check_dir,
 )
+from rltool.config.schema import SamplingConfig
+from rltool.rollout.state import RolloutState
+from rltool.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxSpec, default_env
 from rltool.sessions import SessionServer
 
 AGENT_DIR = "/agent"  # where the agent script is bound read-only
 CHECK_DIR = "/check"  # where a task's check_files are bound read-only
 TASK_FILE = ".rltool/task.json"  # relative to /work
 SYSTEM_PYTHON = "/usr/bin/python3"
-OUTPUT_TAIL_CHARS = 2000  # of each sandbox output kept in a sample
 DEFAULT_AGENT_LIMITS = {"wall_clock_s": 300.0, "cpu_seconds": 120}
 DEFAULT_CHECK_LIMITS = {"wall_clock_s": 30.0, "cpu_seconds": 10}
-
-
-@dataclass(frozen=True, slots=True)
-class CodingTask:
-    """A task record's sandbox fields, checked."""
-
-    prompt: str
-    solution_file: str
-    files: dict[str, str]
-    check: list[str]
-    check_files: dict[str, str]
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any], where: str) -> CodingTask:
-        def need(key: str, ok: bool, what: str) -> None:
-            if not ok:
-                raise ValueError(f"{where}: field {key!r} must be {what}, got {record.get(key)!r}")
-
-        files = record.get("files", {})
-        check_files = record.get("check_files", {})
-        check = record.get("check")
-        need("question", isinstance(record.get("question"), str), "a string")
-        need("solution_file", isinstance(record.get("solution_file"), str), "a relative path")
-        for key, value in (("files", files), ("check_files", check_files)):
-            need(key, _str_dict(value), "an object of file name -> text")
-        need("check", _argv(check), "a non-empty list of strings (argv)")
-        return cls(record["question"], record["solution_file"], files, check, check_files)
-
-
-def _str_dict(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    )
-
-
-def _argv(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(a, str) for a in value)
 
 
 def resolve_script(script: str) -> Path:
@@ -160,70 +119,6 @@ def _limits(values: Mapping[str, Any], option: str) -> SandboxLimits:
         raise ValueError(f"agent_loop.options.{option}: {exc}") from exc
 
 
-def _tail(text: str) -> str:
-    return text[-OUTPUT_TAIL_CHARS:]
-
-
-def _summary(result: SandboxResult) -> dict[str, Any]:
-    return {
-        "status": str(result.status),
-        "exit_code": result.exit_code,
-        "reason": result.reason,
-        "wall_s": round(result.wall_s, 3),
-        "stdout": _tail(result.stdout),
-        "stderr": _tail(result.stderr),
-    }
-
-
-def agent_error(agent: SandboxResult) -> str | None:
-    """Why the agent's run makes the sample unusable, or None when it finished cleanly."""
-    if agent.status is not SandboxStatus.OK:
-        return f"agent sandbox {agent.status}: {agent.reason}"
-    if agent.exit_code != 0:
-        return f"agent exited {agent.exit_code}: {_tail(agent.stderr.strip()) or '(no stderr)'}"
-    return None
-
-
-def check_reward(run: CheckedRun) -> tuple[dict[str, Any] | None, str | None]:
-    """(reward, error): 1.0 when the check passed; a check killed from outside is an error."""
-    check = run.check
-    if check.status is SandboxStatus.KILLED:
-        return None, f"check sandbox killed: {check.reason}"
-    reward = {
-        "score": 1.0 if run.passed else 0.0,
-        "passed": run.passed,
-        "check_status": str(check.status),
-        "check_exit_code": check.exit_code,
-        "check_reason": check.reason,
-        "check_output": _tail(check.stdout + check.stderr),
-    }
-    return reward, None
-
-
-@contextmanager
-def _temp_dir(prefix: str) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def _write_check_dir(root: Path, files: Mapping[str, str]) -> Path:
-    """A read-only-bindable dir of the check files, readable by the sandbox uid."""
-    root.chmod(0o755)
-    for name, text in files.items():
-        dest = root / name
-        if not dest.resolve().is_relative_to(root.resolve()):
-            raise ValueError(f"check_files name {name!r} must stay inside the check dir")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text, encoding="utf-8")
-        dest.chmod(0o644)
-    for d in [p for p in root.rglob("*") if p.is_dir()]:
-        d.chmod(0o755)
-    return root
-
-
 @dataclass(frozen=True, slots=True)
 class _Job:
     task: CodingTask
@@ -232,16 +127,14 @@ class _Job:
     check_dir: Path
 
 
-@register_agent_loop("sandbox")
+@register("sandbox")
 class SandboxLoop(AgentLoop):
     """Agent command then check command, each sample in its own sandbox and session."""
 
     def __init__(
         self,
-        engine: RolloutEngine,
-        tokenizer: Any,
-        sampling: SamplingConfig,
-        task_name: str = "sandbox",
+        ctx: LoopContext,
+        *,
         max_concurrent: int = 4,
         agent_script: str = "rltool.agents.sandbox_coder",
         agent_command: Sequence[str] | None = None,
@@ -258,16 +151,13 @@ class SandboxLoop(AgentLoop):
             )
         if max_turns < 1:
             raise ValueError(f"agent_loop.options.max_turns must be >= 1, got {max_turns}")
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.task_name = task_name
+        super().__init__(ctx)
         self.max_concurrent = max_concurrent
         self.python, python_binds = sandbox_python(python)
         script = resolve_script(agent_script)
         self.agent_binds = [(script, f"{AGENT_DIR}/{script.name}"), *python_binds]
         command = agent_command or ["{python}", f"{AGENT_DIR}/{script.name}"]
-        if not _argv(list(command)):
+        if not is_argv(list(command)):
             raise ValueError(f"agent_loop.options.agent_command must be argv, got {command!r}")
         self.agent_command = self._argv(command)
         self.max_turns = max_turns
@@ -277,7 +167,7 @@ class SandboxLoop(AgentLoop):
         )
         self.work_parent = None if work_parent is None else Path(work_parent)
         self.honor_sampling = honor_sampling
-        self.server_tokenizer = session_tokenizer(tokenizer)
+        self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
 
     def _argv(self, command: Sequence[str]) -> list[str]:
@@ -298,9 +188,9 @@ class SandboxLoop(AgentLoop):
         ]
         sids = session_ids(group_ids, n)
         with ExitStack() as stack:
-            sock_dir = stack.enter_context(_temp_dir("rltool-sock-"))
+            sock_dir = stack.enter_context(temp_dir("rltool-sock-"))
             check_dirs = [
-                _write_check_dir(stack.enter_context(_temp_dir("rltool-check-")), t.check_files)
+                write_check_dir(stack.enter_context(temp_dir("rltool-check-")), t.check_files)
                 for t in coding
             ]
             jobs = [
@@ -364,7 +254,7 @@ class SandboxLoop(AgentLoop):
         count_session(self.counters, session)
         reward, extra = None, {}
         if run is not None:
-            extra = {"agent": _summary(run.agent), "check": _summary(run.check)}
+            extra = {"agent": run_summary(run.agent), "check": run_summary(run.check)}
             error = agent_error(run.agent)
             self.counters.add(
                 agent_failed=error is not None,

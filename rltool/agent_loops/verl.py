@@ -19,7 +19,7 @@ loop's ``reward_score`` when it set one, else the judger named by
 raises, or whose output breaks the contract, is FAILED with the reason and
 counted; the others go on.
 
-Options: ``loop_class`` (required), ``task_name``, ``system_prompt`` (for
+Options: ``loop_class`` (required), ``system_prompt`` (for
 tasks given as a ``question``), ``reward`` (``gsm8k`` or none),
 ``prompt_length`` and ``response_length`` (verl's rollout lengths; the
 response budget defaults to the sampling's ``max_new_tokens``),
@@ -41,10 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from rltool.agent_loops.base import AgentLoop, register_agent_loop
+from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.gsm8k import ground_truth_of
 from rltool.config.schema import SamplingConfig
-from rltool.engines.base import RolloutEngine
 from rltool.engines.batcher import AsyncGenerationBatcher
 from rltool.rewards.gsm8k import gsm8k_reward
 from rltool.rollout.state import RolloutState, Status
@@ -91,17 +90,15 @@ def last_turn(mask: Sequence[int]) -> slice:
     return slice(int(start), int(idx[-1]) + 1)
 
 
-@register_agent_loop("verl")
+@register("verl")
 class VerlAgentLoop(AgentLoop):
     """Adapter: verl-style agent loop classes, run on rltool's engine, canonical samples out."""
 
     def __init__(
         self,
-        engine: RolloutEngine,
-        tokenizer: Any,
-        sampling: SamplingConfig,
+        ctx: LoopContext,
+        *,
         loop_class: str,
-        task_name: str = "verl",
         system_prompt: str | None = None,
         reward: str | None = None,
         prompt_length: int = 1024,
@@ -115,11 +112,8 @@ class VerlAgentLoop(AgentLoop):
             raise ValueError(
                 f"agent_loop.options.reward {reward!r} is not a judger; known: {', '.join(JUDGERS)}"
             )
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.sampling = sampling
+        super().__init__(ctx)
         self.loop_cls = load_loop_class(loop_class)
-        self.task_name = task_name
         self.system_prompt = system_prompt
         self.reward = reward
         self.prompt_length = prompt_length
@@ -127,7 +121,7 @@ class VerlAgentLoop(AgentLoop):
         self.multi_turn = dict(multi_turn or {})
         self.overrides = dict(config or {})
         self.loop_kwargs = dict(loop_kwargs or {})
-        model_config = getattr(getattr(engine, "model", None), "config", None)
+        model_config = getattr(getattr(ctx.engine, "model", None), "config", None)
         self.hf_model_type = hf_model_type or getattr(model_config, "model_type", None)
         # loaded once, shared by every trajectory (as verl's worker does)
         self.tools = load_tools(

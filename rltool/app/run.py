@@ -32,15 +32,11 @@ from rltool.demo.model import ensure_builtin_models
 from rltool.engines.registry import check_engine_name
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
-from rltool.produce.filters import get_group_filter
+from rltool.produce.filters import GROUP_FILTERS
 from rltool.produce.producer import Producer
-from rltool.produce.tasks import (
-    TaskSampler,
-    TaskSpec,
-    evaluate_tasks,
-    load_task_data,
-    task_specs,
-)
+from rltool.produce.task_metrics import evaluate_tasks
+from rltool.produce.task_sampler import TaskSampler
+from rltool.produce.task_specs import TaskSpec, load_task_data, task_specs
 from rltool.rollout.state import RolloutState
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
@@ -109,7 +105,7 @@ def check_recipe(recipe: RecipeConfig) -> None:
             f"rollout.backend: unknown backend {recipe.rollout.backend!r}; "
             f"known: {', '.join(BACKENDS)}"
         )
-    get_group_filter(recipe.produce.group_filter)
+    GROUP_FILTERS.get(recipe.produce.group_filter)
     check_engine_name(recipe.rollout.engine)
 
 

@@ -15,41 +15,21 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rltool.registry import Registry
 from rltool.rollout.state import RolloutState, Status, group_status
 
 Group = list[RolloutState]
 GroupFilter = Callable[[Sequence[RolloutState]], bool]  # True = keep the group
 
-_FILTERS: dict[str, GroupFilter] = {}
+GROUP_FILTERS: Registry[GroupFilter] = Registry("group filter", "produce.group_filter")
 
 
-def register_group_filter(name: str) -> Callable[[GroupFilter], GroupFilter]:
-    def wrap(fn: GroupFilter) -> GroupFilter:
-        if name in _FILTERS:
-            raise ValueError(f"group filter {name!r} is registered twice")
-        _FILTERS[name] = fn
-        return fn
-
-    return wrap
-
-
-def known_group_filters() -> list[str]:
-    return sorted(_FILTERS)
-
-
-def get_group_filter(name: str) -> GroupFilter:
-    if name not in _FILTERS:
-        known = ", ".join(known_group_filters())
-        raise ValueError(f"unknown group filter {name!r}; known: {known}")
-    return _FILTERS[name]
-
-
-@register_group_filter("none")
+@GROUP_FILTERS.register("none")
 def keep_every_group(group: Sequence[RolloutState]) -> bool:
     return True
 
 
-@register_group_filter("zero_variance")
+@GROUP_FILTERS.register("zero_variance")
 def has_reward_variance(group: Sequence[RolloutState]) -> bool:
     """False when every member has a finite score and all scores are equal.
 
@@ -100,7 +80,7 @@ class Filled:
 
 def apply_group_filter(groups: Sequence[Group], name: str) -> tuple[list[Group], list[Group]]:
     """Split COMPLETED groups into (kept, filtered); mark the filtered members FILTERED."""
-    keep = get_group_filter(name)
+    keep = GROUP_FILTERS.get(name)
     kept: list[Group] = []
     filtered: list[Group] = []
     for g, group in enumerate(groups):

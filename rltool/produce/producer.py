@@ -34,7 +34,7 @@ import torch
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
-from rltool.produce.filters import fill_batch, get_group_filter, oversample
+from rltool.produce.filters import GROUP_FILTERS, fill_batch, oversample
 from rltool.produce.result import (
     Accounting,
     Fate,
@@ -45,7 +45,8 @@ from rltool.produce.result import (
     staleness_metrics,
     time_stats,
 )
-from rltool.produce.tasks import TaskSampler, per_task_metrics
+from rltool.produce.task_metrics import per_task_metrics
+from rltool.produce.task_sampler import TaskSampler
 from rltool.produce.worker import FINISHED_AT
 from rltool.rollout.state import RolloutState
 
@@ -106,7 +107,7 @@ class Producer:
             raise ValueError(f"produce.mode must be one of {MODES}, got {p.mode!r}")
         if p.max_inflight_steps < 1:
             raise ValueError(f"produce.max_inflight_steps must be >= 1, got {p.max_inflight_steps}")
-        get_group_filter(p.group_filter)  # an unknown name fails now, not at step 1
+        GROUP_FILTERS.get(p.group_filter)  # an unknown name fails now, not at step 1
         self.backend, self.sampler, self.scorer = backend, sampler, scorer
         self.concurrent = p.mode == "async"
         self.lookahead = p.max_inflight_steps if self.concurrent else 0

@@ -21,7 +21,7 @@ from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.engines.batcher import sampling_key
 from rltool.engines.registry import build_engine, check_engine_name
 from rltool.produce.backend import GroupOutcome, GroupRequest
-from rltool.produce.tasks import build_task_loops
+from rltool.produce.task_loops import build_task_loops
 
 # GroupOutcome.metrics key: wall-clock time (time.time()) at which the group's
 # generation ended, so the producer can measure generation/training overlap

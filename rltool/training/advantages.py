@@ -18,11 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rltool.registry import Registry
 from rltool.rollout.state import RolloutState
 
 EPS = 1e-6  # as verl and TRL: std + eps, so a constant-reward group gives 0
 
+# (rewards_C, group_index_C) -> advantages_C
 Estimator = Callable[[np.ndarray, np.ndarray], np.ndarray]
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", "algorithm.estimator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +49,21 @@ def _group_stats(rewards_C: np.ndarray, group_index_C: np.ndarray) -> _GroupStat
     return _GroupStats(count_G[g], dev_C, np.sqrt(var_G)[g])
 
 
+@ESTIMATORS.register("grpo")
 def grpo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
     """(r - mean) / (std + eps), sample std (n-1) of the group."""
     s = _group_stats(rewards_C, group_index_C)
     return np.where(s.count_C > 1, s.dev_C / (s.std_C + EPS), 0.0)  # [C]
 
 
+@ESTIMATORS.register("dr_grpo")
 def dr_grpo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
     """r - mean (Dr. GRPO: no std normalisation)."""
     s = _group_stats(rewards_C, group_index_C)
     return np.where(s.count_C > 1, s.dev_C, 0.0)  # [C]
 
 
+@ESTIMATORS.register("rloo")
 def rloo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
     """r - mean of the other clusters of the group, which is n/(n-1) * (r - mean)."""
     s = _group_stats(rewards_C, group_index_C)
@@ -65,6 +71,7 @@ def rloo(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
     return np.where(s.count_C > 1, s.dev_C * n / np.maximum(n - 1, 1), 0.0)  # [C]
 
 
+@ESTIMATORS.register("reinforce_pp")
 def reinforce_pp(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray:
     """r - group mean, then whitened over the batch: (x - mean) / (std + eps).
 
@@ -80,21 +87,7 @@ def reinforce_pp(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray
     return out
 
 
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "reinforce_pp": reinforce_pp,
-}
-
-
-def get_estimator(name: str) -> Estimator:
-    if name not in ESTIMATORS:
-        known = ", ".join(sorted(ESTIMATORS))
-        raise ValueError(
-            f"unknown advantage estimator {name!r} (algorithm.estimator); known: {known}"
-        )
-    return ESTIMATORS[name]
+get_estimator = ESTIMATORS.get  # the conversion's lookup; an unknown name lists the known ones
 
 
 @dataclass(frozen=True, slots=True)

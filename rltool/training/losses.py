@@ -23,14 +23,26 @@ per-micro-batch losses, or their gradients, gives exactly the full mini-batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from rltool.registry import Registry
+
 # exp() of a log-ratio beyond this overflows float32 or means the sample is garbage
 _MAX_LOG_RATIO = 20.0
+
+# d = ref_logp - logp [N] -> per-token KL estimate [N]
+KLEstimator = Callable[[torch.Tensor], torch.Tensor]
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", "algorithm.kl_estimator")
+
+# (masked loss [N], mask [N], cu_seq_lens [S + 1], num_tokens, num_seqs, norm_len) -> this
+# row's share of the mini-batch loss; the counts are the mini-batch's (see ``aggregate``)
+LossAggregation = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, int, int, int | None], torch.Tensor
+]
+LOSS_AGGREGATIONS: Registry[LossAggregation] = Registry("loss aggregation", "algorithm.loss_agg")
 
 
 @dataclass(slots=True)
@@ -91,17 +103,23 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     With d = ref - logp:  k1 = -d (unbiased, can be negative), k2 = d^2 / 2,
     k3 = exp(d) - d - 1 (unbiased for the KL value, always >= 0).
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(
-            f"algorithm.kl_estimator: unknown {estimator!r}; known: {', '.join(KL_ESTIMATORS)}"
-        )
-    d = ref_logp - logp  # [N]
-    if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d.square()
-    d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return torch.exp(d) - d - 1.0
+    return KL_ESTIMATORS.get(estimator)(ref_logp - logp)  # [N]
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(d: torch.Tensor) -> torch.Tensor:
+    return -d  # [N]
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(d: torch.Tensor) -> torch.Tensor:
+    return 0.5 * d.square()  # [N]
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(d: torch.Tensor) -> torch.Tensor:
+    d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N]
+    return torch.exp(d) - d - 1.0  # [N]
 
 
 def sequence_ids(cu_seq_lens: torch.Tensor, n: int) -> torch.Tensor:
@@ -133,30 +151,60 @@ def aggregate(
 
     ``num_tokens`` / ``num_seqs`` are the counts over the whole mini-batch
     (``count_tokens_and_seqs`` summed over its rows); a sample never spans rows.
-
-    - ``token-mean``: sum of token losses / num_tokens (every token weighs the same).
-    - ``seq-mean-token-mean``: mean over samples of each sample's token mean
-      (every sample weighs the same, whatever its length).
-    - ``seq-mean-token-sum-norm`` (Dr.GRPO): sum of token losses / norm_len per
-      sample, mean over samples; norm_len is a constant (the response budget) so
-      no length bias enters.
-    Samples without an active token count in no mode.
+    ``mode`` names a ``LOSS_AGGREGATIONS`` entry. Samples without an active token
+    count in no mode.
     """
+    agg = LOSS_AGGREGATIONS.get(mode)
     masked = torch.where(mask, loss, torch.zeros_like(loss))  # [N]
-    if mode == "token-mean":
-        return masked.sum() / max(num_tokens, 1)
-    if mode == "seq-mean-token-mean":
-        num_samples = int(cu_seq_lens.shape[0]) - 1
-        seq = sequence_ids(cu_seq_lens, int(loss.shape[0]))  # [N]
-        zeros = loss.new_zeros(num_samples + 1)  # [S + 1]
-        seq_sum = zeros.index_add(0, seq, masked)  # [S + 1]
-        seq_len = zeros.index_add(0, seq, mask.to(loss.dtype))  # [S + 1]
-        return (seq_sum[:num_samples] / seq_len[:num_samples].clamp(min=1)).sum() / max(num_seqs, 1)
-    if mode == "seq-mean-token-sum-norm":
-        if norm_len is None or norm_len <= 0:
-            raise ValueError(
-                "loss_agg 'seq-mean-token-sum-norm' needs a positive norm_len "
-                "(the maximum response length)"
-            )
-        return masked.sum() / (norm_len * max(num_seqs, 1))
-    raise ValueError(f"algorithm.loss_agg: unknown {mode!r}; known: {', '.join(LOSS_AGG_MODES)}")
+    return agg(masked, mask, cu_seq_lens, num_tokens, num_seqs, norm_len)
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def token_mean(
+    masked: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    num_tokens: int,
+    num_seqs: int,
+    norm_len: int | None,
+) -> torch.Tensor:
+    """Sum of token losses / num_tokens: every token weighs the same."""
+    return masked.sum() / max(num_tokens, 1)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(
+    masked: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    num_tokens: int,
+    num_seqs: int,
+    norm_len: int | None,
+) -> torch.Tensor:
+    """Mean over samples of each sample's token mean: every sample weighs the same,
+    whatever its length."""
+    num_samples = int(cu_seq_lens.shape[0]) - 1
+    seq = sequence_ids(cu_seq_lens, int(masked.shape[0]))  # [N]
+    zeros = masked.new_zeros(num_samples + 1)  # [S + 1]
+    seq_sum = zeros.index_add(0, seq, masked)  # [S + 1]
+    seq_len = zeros.index_add(0, seq, mask.to(masked.dtype))  # [S + 1]
+    return (seq_sum[:num_samples] / seq_len[:num_samples].clamp(min=1)).sum() / max(num_seqs, 1)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(
+    masked: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    num_tokens: int,
+    num_seqs: int,
+    norm_len: int | None,
+) -> torch.Tensor:
+    """Dr.GRPO: sum of token losses / norm_len per sample, mean over samples; norm_len is
+    a constant (the response budget) so no length bias enters."""
+    if norm_len is None or norm_len <= 0:
+        raise ValueError(
+            "loss_agg 'seq-mean-token-sum-norm' needs a positive norm_len "
+            "(the maximum response length)"
+        )
+    return masked.sum() / (norm_len * max(num_seqs, 1))

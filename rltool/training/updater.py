@@ -37,7 +37,8 @@ from rltool.training.batch import Pack
 from rltool.training.distill import distill_term, forward_logprobs_distill
 from rltool.training.logprobs import forward_logprobs
 from rltool.training.losses import (
-    LOSS_AGG_MODES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
     aggregate,
     count_tokens_and_seqs,
     kl_penalty,
@@ -108,10 +109,7 @@ class PolicyUpdater:
         ``distill``: its ``coef`` weighs the distillation loss of packs that carry teacher
         targets (default 1.0). ``share_prefix``: regroup the packs so that samples sharing a
         prompt share its forward (``prefix_share.py``; exact, fewer tokens)."""
-        if algo.loss_agg not in LOSS_AGG_MODES:
-            raise ValueError(
-                f"algorithm.loss_agg: unknown {algo.loss_agg!r}; known: {', '.join(LOSS_AGG_MODES)}"
-            )
+        LOSS_AGGREGATIONS.get(algo.loss_agg)  # an unknown name fails here, listing the known
         if algo.loss_agg == "seq-mean-token-sum-norm" and not norm_len:
             raise ValueError(
                 "algorithm.loss_agg 'seq-mean-token-sum-norm' needs norm_len "
@@ -125,7 +123,7 @@ class PolicyUpdater:
             raise ValueError("algorithm.ppo_epochs and algorithm.mini_batches must be >= 1")
         if temperature <= 0:
             raise ValueError(f"the training temperature must be > 0, got {temperature}")
-        kl_penalty(torch.zeros(1), torch.zeros(1), algo.kl_estimator)  # names a bad estimator
+        KL_ESTIMATORS.get(algo.kl_estimator)  # an unknown name fails here, listing the known
         self.distill = distill or DistillConfig()
         check_distill_config(self.distill)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rltool.agent_loops.base import get_agent_loop, known_agent_loops
+from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
 from rltool.agent_loops.gsm8k import GSM8KLoop
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
@@ -85,7 +85,8 @@ PROMPT1 = ids("<s> user : what is 7 * 7 ? <eos> <s> assistant :")
 
 def make_loop(tokenizer, responses, **kwargs) -> tuple[GSM8KLoop, FakeEngine]:
     engine = FakeEngine(responses)
-    return GSM8KLoop(engine, tokenizer, SamplingConfig(max_new_tokens=8), **kwargs), engine
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=8), task_name="gsm8k")
+    return GSM8KLoop(ctx, **kwargs), engine
 
 
 def test_groups_are_batched_canonical_and_rewarded(tokenizer) -> None:
@@ -163,7 +164,8 @@ def test_engine_output_that_breaks_the_contract_fails_the_sample(tokenizer) -> N
             gens[0].logprobs = gens[0].logprobs[:-1]
             return gens
 
-    loop = GSM8KLoop(ShortLogprobs([("#### 5", "stop")]), tokenizer, SamplingConfig())
+    engine = ShortLogprobs([("#### 5", "stop")])
+    loop = GSM8KLoop(LoopContext(engine, tokenizer, SamplingConfig(), task_name="gsm8k"))
     first, second = loop.generate_group(TASKS[0], 2, "g0")
     assert first.status == Status.FAILED
     assert "2 response logprobs for 3 response tokens" in first.error
@@ -194,7 +196,7 @@ def test_task_without_question_is_a_clear_error(tokenizer) -> None:
 
 
 def test_registry_builds_gsm8k_and_lists_known_loops() -> None:
-    assert get_agent_loop("gsm8k") is GSM8KLoop
-    assert "gsm8k" in known_agent_loops()
-    with pytest.raises(ValueError, match=r"unknown agent loop 'gsm9k'; known agent loops: .*gsm8k"):
-        get_agent_loop("gsm9k")
+    assert AGENT_LOOPS.get("gsm8k") is GSM8KLoop
+    assert "gsm8k" in AGENT_LOOPS.names()
+    with pytest.raises(ValueError, match=r"^agent_loop\.name: unknown agent loop 'gsm9k'; known: "):
+        AGENT_LOOPS.get("gsm9k")

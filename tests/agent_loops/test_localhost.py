@@ -15,7 +15,7 @@ import torch
 from loop_fakes import LOGPROB, ContextEngine, decode, spans
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-from rltool.agent_loops.base import get_agent_loop
+from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
 from rltool.agent_loops.localhost import (
     LocalhostLoop,
     load_callable,
@@ -64,7 +64,8 @@ def call_then_answer(context: str) -> str:
 def make_loop(tokenizer, reply, **options) -> tuple[LocalhostLoop, ContextEngine]:
     engine = ContextEngine(tokenizer, reply, model_step=2)
     options = {**CALC, **options}
-    loop = LocalhostLoop(engine, tokenizer, SamplingConfig(max_new_tokens=32), **options)
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=32), task_name="localhost")
+    loop = LocalhostLoop(ctx, **options)
     return loop, engine
 
 
@@ -125,7 +126,7 @@ def test_judge_scores_the_final_number():
 
 
 def test_registered_and_options_are_checked(tokenizer):
-    assert get_agent_loop("localhost") is LocalhostLoop
+    assert AGENT_LOOPS.get("localhost") is LocalhostLoop
     assert load_callable("rltool.agents.calculator:run", "agent").__name__ == "run"
     with pytest.raises(ValueError, match=r"options.agent: 'calculator.run' must be"):
         load_callable("calculator.run", "agent")
@@ -260,7 +261,8 @@ def test_real_tiny_model_sessions_pass_the_contract(tokenizer):
     config = demo_model_config(tokenizer, hidden_size=64, num_layers=2, num_heads=2,
                                intermediate_size=128)  # fmt: skip
     engine = HFEngine(Qwen2ForCausalLM(config), tokenizer, batch_size=64)
-    loop = LocalhostLoop(engine, tokenizer, SamplingConfig(max_new_tokens=8), **CALC)
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=8), task_name="localhost")
+    loop = LocalhostLoop(ctx, **CALC)
     (group,) = loop.generate_groups([TOM], 2, ["a"])
     states = list(group)
     assert all(s.status == Status.COMPLETED for s in states), [s.error for s in states]

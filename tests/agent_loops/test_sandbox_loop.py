@@ -14,8 +14,9 @@ import pytest
 from loop_fakes import ContextEngine, decode, spans
 from transformers import AutoTokenizer
 
-from rltool.agent_loops.base import get_agent_loop
-from rltool.agent_loops.sandbox import CodingTask, SandboxLoop, resolve_script, sandbox_python
+from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
+from rltool.agent_loops.sandbox import SandboxLoop, resolve_script, sandbox_python
+from rltool.agent_loops.sandbox_task import CodingTask
 from rltool.config.schema import SamplingConfig
 from rltool.data import load_examples
 from rltool.demo.coding_tasks import CODING_TASKS_FILE
@@ -90,7 +91,8 @@ def agent_script(tmp_path: Path, action: str) -> str:
 def make_loop(tokenizer, work_parent, reply=lambda context: BROKEN, **options) -> SandboxLoop:
     engine = ContextEngine(tokenizer, reply)
     options = {"max_concurrent": 4, "work_parent": str(work_parent), **options}
-    return SandboxLoop(engine, tokenizer, SamplingConfig(max_new_tokens=64), **options)
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=64), task_name="sandbox")
+    return SandboxLoop(ctx, **options)
 
 
 # --- shipped data and options ------------------------------------------------------------------
@@ -119,7 +121,7 @@ def test_every_shipped_reference_solution_passes_its_check_and_the_stub_fails(wo
 
 
 def test_registered_and_options_are_checked(tokenizer, work_parent):
-    assert get_agent_loop("sandbox") is SandboxLoop
+    assert AGENT_LOOPS.get("sandbox") is SandboxLoop
     assert resolve_script("rltool.agents.sandbox_coder").name == "sandbox_coder.py"
     with pytest.raises(ValueError, match="neither a file nor a module"):
         resolve_script("no.such.module")

@@ -18,9 +18,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rltool.agent_loops.base import get_agent_loop
+from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
 from rltool.agent_loops.verl import VerlAgentLoop, last_turn
-from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
 from rltool.rollout.contract import check_group, check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, Status
@@ -174,7 +174,8 @@ PROMPT = ids("<s> user : what is 2 + 3 ? <eos> <s> assistant :")
 def make_loop(tokenizer, **options) -> tuple[VerlAgentLoop, ScriptedEngine]:
     engine = ScriptedEngine()
     options.setdefault("loop_class", LOOP_PATH)
-    loop = VerlAgentLoop(engine, tokenizer, SamplingConfig(max_new_tokens=16), **options)
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=16), task_name="verl")
+    loop = VerlAgentLoop(ctx, **options)
     return loop, engine
 
 
@@ -295,16 +296,17 @@ def test_evaluate(tokenizer) -> None:
     assert loop.pop_metrics()["verl/engine_calls"] == 2.0  # the training call only
 
 
-def test_built_from_a_recipe_by_name(tokenizer) -> None:
-    recipe = RecipeConfig()
-    recipe.agent_loop.name = "verl"
-    recipe.agent_loop.options = {"loop_class": LOOP_PATH, "prompt_length": 64}
-    loop = get_agent_loop("verl").from_recipe(recipe, engine=ScriptedEngine(), tokenizer=tokenizer)
+def test_built_from_its_options_by_name(tokenizer) -> None:
+    ctx = LoopContext(ScriptedEngine(), tokenizer, SamplingConfig(), task_name="calc")
+    options = {"loop_class": LOOP_PATH, "prompt_length": 64}
+    loop = AGENT_LOOPS.get("verl").from_config(options, ctx)
     assert isinstance(loop, VerlAgentLoop)
-    assert loop.loop_cls.__name__ == "ToolCallLoop"
-    recipe.agent_loop.options = {"loop_class": LOOP_PATH, "turns": 3}
-    with pytest.raises(ValueError, match=r"agent_loop.options for 'verl'.*turns"):
-        get_agent_loop("verl").from_recipe(recipe, engine=ScriptedEngine(), tokenizer=tokenizer)
+    assert (loop.loop_cls.__name__, loop.prompt_length) == ("ToolCallLoop", 64)
+    assert loop.task_name == "calc"
+    with pytest.raises(ValueError, match=r"^agent_loop\.options\.turns: agent loop 'verl' has no"):
+        AGENT_LOOPS.get("verl").from_config({"loop_class": LOOP_PATH, "turns": 3}, ctx)
+    with pytest.raises(ValueError, match=r"^agent_loop\.options\.loop_class is required by agent"):
+        AGENT_LOOPS.get("verl").from_config({}, ctx)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ from rltool.config.schema import AgentLoopConfig, RecipeConfig
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.producer import Producer
 from rltool.produce.result import Fate
-from rltool.produce.tasks import TaskSampler, TaskSpec
+from rltool.produce.task_sampler import TaskSampler
+from rltool.produce.task_specs import TaskSpec
 from rltool.produce.worker import FINISHED_AT
 
 SPEC = TaskSpec(name="t", weight=1.0, loop=AgentLoopConfig(), train_files=["x"], eval_files=[])

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rltool.training.losses import (
-    LOSS_AGG_MODES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
     aggregate,
     count_tokens_and_seqs,
     kl_penalty,
@@ -74,8 +75,11 @@ def test_kl_estimators_hand_worked(estimator: str, expected: list[float]) -> Non
 
 
 def test_unknown_kl_estimator_names_the_field() -> None:
-    with pytest.raises(ValueError, match="kl_estimator"):
+    with pytest.raises(
+        ValueError, match=r"^algorithm\.kl_estimator: unknown KL estimator 'k4'; known: k1, k2, k3$"
+    ):
         kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
 
 
 # two samples [0, 3) and [3, 6) plus one trailing padding position outside every sample
@@ -106,7 +110,11 @@ def test_aggregate_hand_worked(mode: str, expected: float) -> None:
 
 
 def test_aggregate_rejects_unknown_mode_and_missing_norm() -> None:
-    with pytest.raises(ValueError, match="loss_agg"):
+    with pytest.raises(
+        ValueError,
+        match=r"^algorithm\.loss_agg: unknown loss aggregation 'sum'; known: seq-mean-token-mean, "
+        r"seq-mean-token-sum-norm, token-mean$",
+    ):
         aggregate(LOSS, MASK, CU, "sum", 5, 2)
     with pytest.raises(ValueError, match="norm_len"):
         aggregate(LOSS, MASK, CU, "seq-mean-token-sum-norm", 5, 2)
@@ -118,7 +126,7 @@ def _row_loss(theta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
     return out.pg + 0.1 * kl_penalty(theta, torch.zeros_like(theta), "k3")
 
 
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS.names())
 def test_two_micro_batches_give_the_full_batch_gradient(mode: str) -> None:
     g = torch.Generator().manual_seed(0)
     lens = [[4, 2, 5], [3, 6]]  # samples of row 1 and row 2

@@ -11,7 +11,7 @@ from tiny_models import random_qwen2
 from rltool.config.schema import AlgorithmConfig, OptimizerConfig
 from rltool.training.batch import Pack
 from rltool.training.logprobs import forward_logprobs
-from rltool.training.losses import LOSS_AGG_MODES
+from rltool.training.losses import LOSS_AGGREGATIONS
 from rltool.training.optim import build_optimizer, build_scheduler
 from rltool.training.prefix_share import (
     SharedPack,
@@ -156,7 +156,7 @@ def _update(share: bool, loss_agg: str) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
+@pytest.mark.parametrize("loss_agg", LOSS_AGGREGATIONS.names())
 def test_updater_with_shared_prefixes_takes_the_same_step(loss_agg: str) -> None:
     a, b = _update(True, loss_agg), _update(False, loss_agg)
     start = tiny_qwen2()

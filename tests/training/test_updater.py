@@ -12,7 +12,7 @@ from tiny_models import random_qwen2
 from rltool.config.schema import AlgorithmConfig, OptimizerConfig
 from rltool.training.batch import Pack
 from rltool.training.logprobs import forward_logprobs
-from rltool.training.losses import LOSS_AGG_MODES
+from rltool.training.losses import LOSS_AGGREGATIONS
 from rltool.training.optim import build_optimizer, build_scheduler
 from rltool.training.updater import PolicyUpdater, rollout_logprob_mask, split_mini_batches
 
@@ -106,7 +106,7 @@ def _max_abs_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
         return max(float((p - q).abs().max()) for p, q in pairs)
 
 
-@pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
+@pytest.mark.parametrize("loss_agg", LOSS_AGGREGATIONS.names())
 def test_one_row_or_two_rows_give_the_same_update(loss_agg: str) -> None:
     """Micro-batch accumulation is exact: the packing layout does not change the step."""
     samples = make_samples([1.5, -0.5, 0.7])

@@ -28,6 +28,7 @@ pytest.importorskip(
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rltool.agent_loops.base import LoopContext
 from rltool.agent_loops.verl import VerlAgentLoop
 from rltool.config.schema import SamplingConfig
 from rltool.demo.tokenizer import train_demo_tokenizer
@@ -124,9 +125,8 @@ def assert_canonical(groups) -> None:
 def test_verl_loops_on_a_random_qwen2(model, tokenizer, loop_class: str) -> None:
     engine = CountingEngine(model, tokenizer)
     options = {"multi_turn": CALCULATOR} if loop_class == TOOL_AGENT else {}
-    loop = VerlAgentLoop(
-        engine, tokenizer, SamplingConfig(max_new_tokens=12), loop_class, reward="gsm8k", **options
-    )
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=12), task_name="verl")
+    loop = VerlAgentLoop(ctx, loop_class=loop_class, reward="gsm8k", **options)
     groups = loop.generate_groups(TASKS, 3, ["g0", "g1"])
     assert_canonical(groups)
     # a random model calls no tool: one turn, every response token generated
@@ -184,10 +184,13 @@ class ToolCallingEngine(RolloutEngine):
 def test_tool_agent_loop_tool_turn_is_unsupervised(tokenizer) -> None:
     engine = ToolCallingEngine(tokenizer)
     loop = VerlAgentLoop(
-        engine,
-        tokenizer,
-        SamplingConfig(max_new_tokens=160),  # the trajectory's budget (verl's response_length)
-        TOOL_AGENT,
+        LoopContext(
+            engine,
+            tokenizer,
+            SamplingConfig(max_new_tokens=160),  # the trajectory's budget (verl's response_length)
+            task_name="verl",
+        ),
+        loop_class=TOOL_AGENT,
         reward="gsm8k",
         multi_turn=CALCULATOR,
         hf_model_type="qwen2",  # no model object to read it from; picks verl's ChatML handling

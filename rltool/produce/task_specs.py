@@ -1,0 +1,131 @@
+"""The tasks of a recipe: each with its own agent loop, data files and share of the batch.
+
+A recipe either lists ``tasks:`` or, when that list is empty, is one task built
+from ``agent_loop`` + ``data.train_files``/``data.eval_files`` and named by
+``agent_loop.options.task_name``, else after its loop (``agent_loop.name``).
+Every sample a task's loop produces carries ``task_name == spec.name``: that
+name keys ``algorithm.task_adv_weight``, the per-task metrics (``task/<name>/...``)
+and the per-task evaluation (``eval/<name>/...``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rltool.agent_loops.base import AGENT_LOOPS
+from rltool.config.schema import AgentLoopConfig, RecipeConfig
+
+# the option of ``agent_loop.options`` that names the task; the loop never sees it
+TASK_NAME_OPTION = "task_name"
+
+
+@dataclass
+class TaskSpec:
+    """One task, resolved from the recipe."""
+
+    name: str  # the RolloutState.task_name of its samples
+    weight: float  # share of each step's groups
+    loop: AgentLoopConfig  # which agent loop and its options
+    train_files: list[str]
+    eval_files: list[str]
+    where: str = "agent_loop"  # the recipe key it came from, for error messages
+
+
+def default_task_name(loop: AgentLoopConfig) -> str:
+    """``options.task_name`` if set, else the loop's name."""
+    return str(loop.options.get(TASK_NAME_OPTION, loop.name))
+
+
+def task_specs(recipe: RecipeConfig) -> list[TaskSpec]:
+    """``recipe.tasks``, or one spec from ``agent_loop`` + ``data.*`` when that list is empty."""
+    if not recipe.tasks:
+        single = TaskSpec(
+            name=default_task_name(recipe.agent_loop),
+            weight=1.0,
+            loop=recipe.agent_loop,
+            train_files=list(recipe.data.train_files),
+            eval_files=list(recipe.data.eval_files),
+            where="agent_loop",
+        )
+        specs = [single]
+    else:
+        specs = [
+            TaskSpec(
+                name=t.name,
+                weight=float(t.weight),
+                loop=t.agent_loop,
+                train_files=list(t.train_files),
+                eval_files=list(t.eval_files),
+                where=f"tasks[{i}]",
+            )
+            for i, t in enumerate(recipe.tasks)
+        ]
+    check_specs(specs, recipe.algorithm.task_adv_weight)
+    return specs
+
+
+def check_specs(specs: Sequence[TaskSpec], task_adv_weight: Mapping[str, float]) -> None:
+    """ValueError naming the recipe key for a task list that cannot train."""
+    seen: dict[str, str] = {}
+    for s in specs:
+        if not s.name or "/" in s.name or s.name != s.name.strip():
+            raise ValueError(
+                f"{s.where}.name must be a non-empty name without '/' or surrounding "
+                f"spaces (it becomes the metric prefix task/<name>/), got {s.name!r}"
+            )
+        if s.name in seen:
+            raise ValueError(
+                f"{s.where}.name {s.name!r} is also the name of {seen[s.name]}; task names "
+                "must be unique"
+            )
+        seen[s.name] = s.where
+        try:
+            AGENT_LOOPS.get(s.loop.name)
+        except ValueError as exc:  # "agent_loop.name: unknown agent loop ...; known: ..."
+            if s.where == "agent_loop":
+                raise
+            raise ValueError(f"{s.where}.{exc}") from exc
+        option_name = s.loop.options.get(TASK_NAME_OPTION)
+        if s.where != "agent_loop" and option_name is not None and option_name != s.name:
+            raise ValueError(
+                f"{s.where}.agent_loop.options.task_name is {option_name!r} but the task is "
+                f"named {s.name!r}; drop the option (the task name is used)"
+            )
+        if not s.train_files:
+            key = "data.train_files" if s.where == "agent_loop" else f"{s.where}.train_files"
+            raise ValueError(f"{key} is empty: task {s.name!r} needs at least one training file")
+        if not (math.isfinite(s.weight) and s.weight >= 0):
+            raise ValueError(
+                f"{s.where}.weight of task {s.name!r} must be finite and >= 0, got {s.weight}"
+            )
+    if all(s.weight == 0 for s in specs):
+        raise ValueError(
+            f"every task weight is 0 ({', '.join(s.name for s in specs)}); give at least one "
+            "task a weight > 0"
+        )
+    known = ", ".join(s.name for s in specs)
+    for name in task_adv_weight:
+        if name not in seen:
+            raise ValueError(
+                f"algorithm.task_adv_weight names task {name!r}, which the recipe does not "
+                f"have; known tasks: {known}"
+            )
+
+
+def load_task_data(recipe: RecipeConfig) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Task name -> (train rows, eval rows cut to ``data.eval_limit``)."""
+    from rltool.data import load_examples  # lazy: builtin paths pull in the model stack
+
+    out: dict[str, tuple[list[dict], list[dict]]] = {}
+    limit = recipe.data.eval_limit
+    for spec in task_specs(recipe):
+        train = load_examples(spec.train_files)
+        if not train:
+            raise ValueError(
+                f"task {spec.name!r}: the training files {spec.train_files} hold no records"
+            )
+        evals = load_examples(spec.eval_files)
+        out[spec.name] = (train, evals[:limit] if limit else evals)
+    return out

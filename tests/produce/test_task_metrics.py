@@ -1,0 +1,85 @@
+"""Per-task figures: task/<name>/... of generated samples, eval/<name>/... and their summary."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from task_fakes import rows, spec
+
+from rltool.config.schema import SamplingConfig
+from rltool.produce.task_metrics import evaluate_tasks, per_task_metrics
+from rltool.rollout.state import RolloutState, Status
+
+
+def done(rid: str, task_name: str, reward: dict | None, finish: str = "stop") -> RolloutState:
+    return RolloutState(
+        rollout_id=rid,
+        group_id=rid.split("/")[0],
+        task_name=task_name,
+        prompt_ids=[1, 2],
+        reward=reward,
+        finish_reason=finish,
+        status=Status.COMPLETED if reward else Status.FAILED,
+    )
+
+
+def test_per_task_metrics_hand_worked() -> None:
+    groups = [
+        [
+            done("g0/0", "add", {"score": 1.0, "correct": True}),
+            done("g0/1", "add", {"score": 0.0, "correct": False}, "length"),
+        ],
+        [
+            done("g1/0", "add", {"score": 1.0, "correct": True}),
+            done("g1/1", "add", None, "length"),
+        ],
+        [done("g2/0", "calc", {"score": 0.5}), done("g2/1", "calc", {"score": 0.25})],
+    ]
+    m = per_task_metrics(groups)
+    assert m == {
+        "task/add/reward_mean": pytest.approx(2 / 3),
+        "task/add/accuracy": pytest.approx(2 / 3),
+        "task/add/samples": 4.0,
+        "task/add/truncated_frac": 0.5,
+        "task/calc/reward_mean": 0.375,  # no 'correct' in its rewards: no accuracy
+        "task/calc/samples": 2.0,
+        "task/calc/truncated_frac": 0.0,
+    }
+    assert math.isnan(per_task_metrics([[done("g/0", "x", None)]])["task/x/reward_mean"])
+    assert per_task_metrics([]) == {}
+
+
+def test_evaluate_tasks_weights_the_overall_figures_by_eval_rows() -> None:
+    calls = []
+
+    def evaluate_fn(name, task_rows, sampling):
+        calls.append((name, len(task_rows), sampling))
+        acc = {"add": 1.0, "mul": 0.0}[name]
+        return {
+            "eval/accuracy": acc,
+            "eval/mean_response_len": 4.0 if name == "add" else 8.0,
+            "eval/reward_errors": 1.0,
+            "eval/n": float(len(task_rows)),
+        }
+
+    specs = [spec("add"), spec("mul"), spec("none")]
+    greedy = SamplingConfig(temperature=0.0)
+    m = evaluate_tasks(evaluate_fn, specs, {"add": rows(3), "mul": rows(1), "none": []}, greedy)
+    assert calls == [("add", 3, greedy), ("mul", 1, greedy)]  # a task without rows is skipped
+    assert m == {
+        "eval/add/accuracy": 1.0,
+        "eval/add/mean_response_len": 4.0,
+        "eval/add/reward_errors": 1.0,
+        "eval/add/n": 3.0,
+        "eval/mul/accuracy": 0.0,
+        "eval/mul/mean_response_len": 8.0,
+        "eval/mul/reward_errors": 1.0,
+        "eval/mul/n": 1.0,
+        "eval/accuracy": 0.75,  # (3 * 1.0 + 1 * 0.0) / 4
+        "eval/mean_response_len": 5.0,  # (3 * 4 + 1 * 8) / 4
+        "eval/reward_errors": 2.0,  # summed
+        "eval/n": 4.0,
+    }
+    with pytest.raises(ValueError, match="no task has evaluation rows"):
+        evaluate_tasks(evaluate_fn, specs, {}, greedy)
