@@ -191,7 +191,9 @@ def reference_convert(
     packs, tokens = [], 0
     for row in rows:
         inputs, targets, lps, advs, positions, cu = [], [], [], [], [], [0]
+        has_lps = []
         for k in row:
+            has_lps.extend([samples[k].logprobs is not None] * len(shifted[k][0]))
             for j in range(len(shifted[k][0])):
                 inputs.append(shifted[k][0][j])
                 targets.append(shifted[k][1][j])
@@ -206,6 +208,7 @@ def reference_convert(
                 targets=torch.tensor(targets, dtype=torch.long),
                 advantages=torch.tensor(advs, dtype=torch.float32),
                 rollout_logprobs=torch.tensor(lps, dtype=torch.float32),
+                has_rollout_logprobs=torch.tensor(has_lps, dtype=torch.bool),
                 position_ids=torch.tensor(positions, dtype=torch.long),
                 cu_seq_lens=torch.tensor(cu, dtype=torch.int32),
                 max_seq_len=max(len(shifted[k][0]) for k in row),
@@ -237,6 +240,7 @@ def _same(a: Pack, b: Pack) -> bool:
             torch.equal(getattr(a, f), getattr(b, f))
             for f in ("input_ids", "targets", "position_ids", "cu_seq_lens", "rollout_logprobs")
         )
+        and torch.equal(a.has_rollout_logprobs, b.has_rollout_logprobs)
         and torch.allclose(a.advantages, b.advantages, atol=1e-5)
     )
 

@@ -1,43 +1,52 @@
 """``rltool inspect-batch FILE``: convert rollouts exactly as training would and show the result.
 
 The groups come from a rollout JSONL file (or, for a recipe ``.yaml``, from one
-step of the recipe's generation); they are converted by ``convert_groups``,
-the one conversion training uses, and the resulting TrainBatch is rendered
-(``rltool.report.inspect_view``) or printed as JSON (``rltool.report.batch_json``).
-A deep copy of the groups taken before conversion lets the view tell stale
-tokens (labels cleared by the staleness bake) from tokens that were never
-supervised.
+step of the recipe's generation). When a staleness limit is given, the bake is
+applied first, as the replay buffer applies it on the live path (stale labels
+cleared, expired samples marked EXPIRED); the positions it clears are computed
+before it, so the view tells stale tokens from tokens never supervised. The
+groups are then converted by ``convert_groups``, the one conversion training
+uses, into the row layout the updater trains on (``--prefix-sharing``), and the
+TrainBatch is rendered (``rltool.report.inspect_view``) or printed as JSON
+(``rltool.report.batch_json``).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import importlib
 import json
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+import numpy as np
 import typer
 from rich.text import Text
 
+from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.report.batch_json import batch_to_json
 from rltool.report.console import make_console
-from rltool.report.inspect_view import Decoder, render_batch, tokenizer_decoder
+from rltool.report.inspect_view import Decoder, render_batch, stale_positions, tokenizer_decoder
 from rltool.rollout.io import read_groups
-from rltool.rollout.state import RolloutState
+from rltool.rollout.staleness import StalenessLimits, bake_staleness
+from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.batch import TrainBatch
 from rltool.training.convert import ConversionConfig, convert_groups
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
+Settings = TypeVar("Settings", ConversionConfig, StalenessLimits)
 
 
 class OutputFormat(StrEnum):
     RICH = "rich"
     JSON = "json"
+
+
+class Switch(StrEnum):
+    ON = "on"
+    OFF = "off"
 
 
 @dataclass(slots=True)
@@ -46,6 +55,7 @@ class GroupSource:
 
     groups: list[list[RolloutState]]
     conversion: ConversionConfig
+    staleness: StalenessLimits
     train_step: int
     tokenizer: Any = None  # a Hugging Face tokenizer, or None: ids are shown
 
@@ -63,31 +73,22 @@ def _groups_from_file(path: Path) -> GroupSource:
         groups = read_groups(path)
     except ValueError as exc:  # a bad line, named with file and line by read_groups
         raise UserError(str(exc), 1) from exc
-    return GroupSource(groups, ConversionConfig.from_recipe(RecipeConfig()), train_step=0)
+    recipe = RecipeConfig()
+    conversion = ConversionConfig.from_recipe(recipe)
+    return GroupSource(groups, conversion, StalenessLimits.from_algorithm(recipe.algorithm), 0)
 
 
 def _groups_from_recipe(path: Path, overrides: list[str]) -> GroupSource:
     """One step of the recipe's generation (its model, loop and conversion settings)."""
-    module_name = "rltool.app.run"
+    from rltool.app.run import generate_batch_from_recipe  # loads the model stack: on demand
+
     try:
-        run = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:  # a dependency of run is missing: a real error
-            raise
-        run = None
-    generate = getattr(run, "generate_batch_from_recipe", None)
-    if generate is None:
-        raise typer.BadParameter(
-            "recipe mode needs rltool train's generation (rltool.app.run."
-            "generate_batch_from_recipe), which this installation lacks; pass a rollout "
-            "JSONL file instead (rltool train --dump-rollouts writes one)",
-            param_hint="FILE",
-        )
-    try:
-        groups, tokenizer, conversion, train_step = generate(str(path), overrides)
+        recipe = load_recipe(path, overrides)
+        groups, tokenizer, conversion, train_step = generate_batch_from_recipe(str(path), overrides)
     except (ValueError, FileNotFoundError) as exc:  # a bad recipe, override or data file
         raise UserError(f"{path}: {exc}", 2) from exc
-    return GroupSource(groups, conversion, train_step, tokenizer)
+    staleness = StalenessLimits.from_algorithm(recipe.algorithm)
+    return GroupSource(groups, conversion, staleness, train_step, tokenizer)
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -119,13 +120,48 @@ def _missing_sample_message(batch: TrainBatch, rollout_id: str) -> str:
     return f"--sample {rollout_id}: no such sample in the batch{where}"
 
 
-def _with_options(conversion: ConversionConfig, options: dict[str, Any]) -> ConversionConfig:
-    """The source's conversion settings with the options the user gave (None = not given)."""
+def _with_options(settings: Settings, options: dict[str, Any]) -> Settings:
+    """A settings dataclass with the options the user gave (None = not given)."""
     given = {k: v for k, v in options.items() if v is not None}
     try:
-        return dataclasses.replace(conversion, **given)
-    except ValueError as exc:  # ConversionConfig checks its values (estimator name, limits)
+        return dataclasses.replace(settings, **given)
+    except ValueError as exc:  # the settings check their values (estimator name, limits)
         raise UserError(f"bad option: {exc}", 2) from exc
+
+
+@dataclass(slots=True)
+class BakeResult:
+    stale: dict[str, np.ndarray]  # rollout_id -> [T] positions whose labels were cleared
+    cleared: int  # supervised tokens cleared
+    expired: int  # samples marked EXPIRED
+
+
+def bake_groups(
+    groups: list[list[RolloutState]], train_step: int, limits: StalenessLimits
+) -> BakeResult:
+    """The replay buffer's bake, applied explicitly: every member of each COMPLETED group
+    whose steps line up with its labels, in place; an expired member becomes EXPIRED."""
+    out = BakeResult({}, 0, 0)
+    if not limits.bakes:
+        return out
+    for group in groups:
+        if group_status(s.status for s in group) != Status.COMPLETED:
+            continue
+        for s in group:
+            steps, labels = s.response_model_steps, s.labels
+            if steps is None or labels is None or len(labels) - len(s.prompt_ids) != len(steps):
+                continue  # conversion skips it as invalid
+            out.stale[s.rollout_id] = stale_positions(s, train_step, limits)
+            r = bake_staleness(s, train_step, limits)
+            out.cleared += r.cleared
+            if r.expired:
+                out.expired += 1
+                s.status = Status.EXPIRED
+                s.error = (
+                    f"expired at train step {train_step}: {r.reason} "
+                    f"(oldest token staleness {r.max_staleness})"
+                )
+    return out
 
 
 def inspect_batch(
@@ -146,6 +182,13 @@ def inspect_batch(
     ] = None,
     pack_max_length: Annotated[
         int | None, typer.Option(min=1, help="Tokens per packed row.")
+    ] = None,
+    prefix_sharing: Annotated[
+        Switch | None,
+        typer.Option(
+            help="Row layout: each prompt once per row, its samples as branches (on), or "
+            "samples back to back (off). Default: on for a JSONL file, the recipe's value."
+        ),
     ] = None,
     train_step: Annotated[
         int | None, typer.Option(min=0, help="Train step the batch is for (token staleness).")
@@ -176,18 +219,23 @@ def inspect_batch(
     """Convert rollouts exactly as training would and show the packed batch token by token.
 
     Unset options take the recipe's values in recipe mode; for a JSONL file, the
-    recipe defaults (grpo, pack length 2048, train step 0, no staleness limits,
-    sync interval 1). Exit code 1: a bad line or a conversion error (e.g. a
-    sample longer than --pack-max-length); 2: unusable input or a bad option.
+    recipe defaults (grpo, pack length 2048, prefix sharing on, train step 0, no
+    staleness limits, sync interval 1). Exit code 1: a bad line or a conversion
+    error (e.g. a sample longer than --pack-max-length); 2: unusable input or a bad
+    option.
     """
     is_recipe = file.suffix.lower() in RECIPE_SUFFIXES
     if overrides and not is_recipe:
         raise typer.BadParameter(
             f"overrides {overrides} apply to a recipe .yaml only", param_hint="OVERRIDES"
         )
-    options = {
+    sharing = None if prefix_sharing is None else prefix_sharing == Switch.ON
+    conversion_options = {
         "estimator": estimator,
         "pack_max_length": pack_max_length,
+        "prefix_sharing": sharing,
+    }
+    staleness_options = {
         "max_staleness": max_staleness,
         "max_token_staleness": max_token_staleness,
         "sync_interval": sync_interval,
@@ -197,12 +245,14 @@ def inspect_batch(
             _groups_from_recipe(file, overrides or []) if is_recipe else _groups_from_file(file)
         )
         step = source.train_step if train_step is None else train_step
-        conversion = _with_options(source.conversion, options)
-        before = copy.deepcopy(source.groups)  # the bake clears stale labels in place
+        conversion = _with_options(source.conversion, conversion_options)
+        baked = bake_groups(source.groups, step, _with_options(source.staleness, staleness_options))
         try:
             batch = convert_groups(source.groups, conversion, step)
         except ValueError as exc:
             raise UserError(f"{file}: {exc}", 1) from exc
+        batch.data_info["data/staleness/stale_tokens"] = float(baked.cleared)
+        batch.data_info["data/staleness/expired_samples"] = float(baked.expired)
         indices = select_samples(batch, sample, limit)
         tok = source.tokenizer
         if tokenizer is not None and output_format == OutputFormat.RICH:
@@ -216,5 +266,11 @@ def inspect_batch(
         return
     decode: Decoder | None = None if tok is None else tokenizer_decoder(tok)
     render_batch(
-        make_console(), batch, before, train_step=step, sample_indices=indices, decode=decode
+        make_console(),
+        batch,
+        source.groups,
+        train_step=step,
+        stale=baked.stale,
+        sample_indices=indices,
+        decode=decode,
     )

@@ -8,29 +8,34 @@ staleness of the target token. Colour tells the three kinds of target apart:
 - supervised (green): the loss trains on it;
 - masked (dim): prompt, tool/environment output, padding glue (label -100);
 - stale (red, struck through): supervised when generated, cleared by the
-  staleness bake. Told apart from masked by comparing the labels of the
-  groups *before* conversion with the targets after it.
+  staleness bake. Told apart from masked by ``stale_positions``, computed
+  before the bake from the same rule the bake applies.
 
-Short samples get a table; long ones flow as coloured tokens, several per
-line, so that a 1k-token sample stays readable. This module only renders:
+In a shared-prefix pack each tree's prefix is shown once, then every sample's
+branch (positions numbered in the sample, so a branch starts at the prefix
+length). Short pieces get a table; long ones flow as coloured tokens, several
+per line, so that a 1k-token sample stays readable. This module only renders:
 the batch comes from ``convert_groups``, never from a second conversion.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from rltool.report.batch_json import slice_sample
+from rltool.rollout.staleness import StalenessLimits, token_staleness
 from rltool.rollout.state import IGNORE_INDEX, RolloutState
-from rltool.training.batch import Pack, SampleInfo, TrainBatch
+from rltool.training.batch import Pack, SampleInfo, SharedPack, TrainBatch
 
 Decoder = Callable[[list[int]], list[str]]  # token ids -> one display string per id
 
@@ -53,6 +58,13 @@ class TokenRows:
     advantages: list[float]  # [L]
     logprobs: list[float]  # [L]
     staleness: list[float]  # [L] of the target token; nan where it is a prompt token or unknown
+
+    def window(self, lo: int, hi: int) -> TokenRows:
+        """Positions [lo, hi) only."""
+        return TokenRows(
+            self.input_ids[lo:hi], self.target_ids[lo:hi], self.kinds[lo:hi],
+            self.advantages[lo:hi], self.logprobs[lo:hi], self.staleness[lo:hi],
+        )  # fmt: skip
 
 
 def tokenizer_decoder(tokenizer: Any) -> Decoder:
@@ -82,34 +94,60 @@ def target_staleness(state: RolloutState, train_step: int) -> torch.Tensor:
     return staleness[1:]  # [T - 1]
 
 
-def target_kinds(targets: torch.Tensor, labels_before: list[int]) -> torch.Tensor:
+def stale_positions(state: RolloutState, train_step: int, limits: StalenessLimits) -> np.ndarray:
+    """Positions whose labels the staleness bake clears at ``train_step``.  # [T] bool
+
+    The bake's rule (``rltool.rollout.staleness``), computed before baking: a supervised
+    response token whose staleness reached ``limits.token_threshold``.
+    """
+    assert state.labels is not None
+    labels_T = np.asarray(state.labels, dtype=np.int64)  # [T]
+    stale_T = np.zeros(labels_T.size, dtype=bool)  # [T]
+    threshold, steps = limits.token_threshold, state.response_model_steps
+    if threshold is None or steps is None:
+        return stale_T
+    p = len(state.prompt_ids)
+    old_R = token_staleness(train_step, steps) >= threshold  # [R]
+    stale_T[p:] = old_R & (labels_T[p:] != IGNORE_INDEX)
+    return stale_T
+
+
+def target_kinds(targets: torch.Tensor, stale_T: np.ndarray | None) -> torch.Tensor:
     """MASKED / SUPERVISED / STALE per shifted position.  # [L]
 
-    Stale = supervised in the labels before conversion, -100 after it.
+    ``stale_T`` [T]: the positions the bake cleared (None: none); target i is token i + 1.
     """
-    before = torch.tensor(labels_before[1:], dtype=torch.long)  # [L]
     supervised = targets != IGNORE_INDEX  # [L]
-    stale = (before != IGNORE_INDEX) & ~supervised  # [L]
-    return supervised.long() * SUPERVISED + stale.long() * STALE  # [L]
+    kinds = supervised.long() * SUPERVISED  # [L]
+    if stale_T is not None:
+        stale = torch.from_numpy(stale_T[1:]) & ~supervised  # [L]
+        kinds += stale.long() * STALE
+    return kinds
 
 
 def token_rows(
-    batch: TrainBatch, info: SampleInfo, before: RolloutState, train_step: int
+    batch: TrainBatch,
+    info: SampleInfo,
+    state: RolloutState,
+    train_step: int,
+    stale_T: np.ndarray | None = None,
 ) -> TokenRows:
-    assert before.input_ids is not None and before.labels is not None
+    """One sample's rows: the batch's fields, ``state`` (the converted sample) for the
+    unmasked targets and staleness, ``stale_T`` [T] the positions the bake cleared."""
+    assert state.input_ids is not None
     s = slice_sample(batch, info)
-    if len(before.input_ids) != info.length + 1:
+    if len(state.input_ids) != info.length + 1:
         raise ValueError(
-            f"sample {info.rollout_id}: {len(before.input_ids)} input_ids before conversion but "
+            f"sample {info.rollout_id}: {len(state.input_ids)} input_ids in the groups but "
             f"shifted length {info.length} in the batch; the groups do not match the batch"
         )
     return TokenRows(
         input_ids=s.input_ids.tolist(),
-        target_ids=before.input_ids[1:],
-        kinds=target_kinds(s.targets, before.labels).tolist(),
+        target_ids=list(state.input_ids[1:]),
+        kinds=target_kinds(s.targets, stale_T).tolist(),
         advantages=s.advantages.tolist(),
         logprobs=s.rollout_logprobs.tolist(),
-        staleness=target_staleness(before, train_step).tolist(),
+        staleness=target_staleness(state, train_step).tolist(),
     )
 
 
@@ -129,15 +167,18 @@ def legend() -> Text:
 def pack_rule_title(index: int, pack: Pack) -> str:
     used = int(pack.cu_seq_lens[-1])
     padding = f", padding {len(pack) - used}" if len(pack) > used else ""
+    trees = ""  # first: a long title is cut at the console's width
+    if isinstance(pack, SharedPack):
+        trees = f" ({_count(int(pack.tree_ids.max()) + 1, 'shared-prefix tree')})"
     return (
-        f"pack {index}: cu_seq_lens={pack.cu_seq_lens.tolist()}, length {len(pack)}, "
+        f"pack {index}{trees}: cu_seq_lens={pack.cu_seq_lens.tolist()}, length {len(pack)}, "
         f"max_seq_len {pack.max_seq_len}{padding}"
     )
 
 
-def sample_header(info: SampleInfo, before: RolloutState, rows: TokenRows) -> Text:
+def sample_header(info: SampleInfo, state: RolloutState, rows: TokenRows) -> Text:
     counts = {k: rows.kinds.count(k) for k in (SUPERVISED, MASKED, STALE)}
-    score = before.score
+    score = state.score
     reward = "none" if score is None else f"{score:g}"
     text = Text()
     text.append(info.rollout_id, style="bold cyan")
@@ -145,8 +186,14 @@ def sample_header(info: SampleInfo, before: RolloutState, rows: TokenRows) -> Te
         f"  group {info.group_id}  pack {info.pack}  start {info.start}  length {info.length}"
         f"  advantage {info.advantage:+.6g}  reward {reward}"
     )
+    if info.prefix_length:
+        text.append(
+            f"\n  ⎇ branch at {info.branch_start}, after the shared prefix of "
+            f"{info.prefix_length} at {info.start}",
+            style="magenta",
+        )
     text.append(
-        f"\n  task {info.task_name}  prompt {len(before.prompt_ids)}  "
+        f"\n  task {info.task_name}  prompt {len(state.prompt_ids)}  "
         f"supervised {counts[SUPERVISED]}  masked {counts[MASKED]}  stale {counts[STALE]}",
         style="dim",
     )
@@ -155,11 +202,17 @@ def sample_header(info: SampleInfo, before: RolloutState, rows: TokenRows) -> Te
     return text
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _fmt(value: float, spec: str) -> str:
     return "" if math.isnan(value) else format(value, spec)
 
 
-def token_table(rows: TokenRows, decode: Decoder) -> Table:
+def token_table(rows: TokenRows, decode: Decoder, first_pos: int = 0) -> Table:
+    """One row per position; ``first_pos`` numbers the first one (a branch starts after its
+    prefix)."""
     inputs, targets = decode(rows.input_ids), decode(rows.target_ids)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for name in ("pos", "input", "target", "adv", "logprob", "stale"):
@@ -170,7 +223,7 @@ def token_table(rows: TokenRows, decode: Decoder) -> Table:
             kind, _printable(targets[i])
         )
         table.add_row(
-            str(i),
+            str(first_pos + i),
             Text(_printable(inputs[i])),
             Text(target, style=STYLES[kind]),
             _fmt(rows.advantages[i], "+.4f"),
@@ -181,42 +234,43 @@ def token_table(rows: TokenRows, decode: Decoder) -> Table:
     return table
 
 
-def token_flow(rows: TokenRows, first_token: int, decode: Decoder, separator: str) -> Text:
-    """The whole sequence as coloured tokens: each token coloured by its kind as a target.
+def token_flow(rows: TokenRows, decode: Decoder, separator: str, first_pos: int = 0) -> Text:
+    """The sequence as coloured tokens: the first input (never a target here: masked), then
+    each target coloured by its kind. ``first_pos``: the position of the first input.
 
     Without a separator (decoded text) every other token gets a faint background,
     so token boundaries stay visible inside words.
     """
-    pieces = decode([first_token, *rows.target_ids])
+    pieces = decode([rows.input_ids[0], *rows.target_ids])
     shade = "" if separator else " on grey15"
     text = Text(_printable(pieces[0]), style=STYLES[MASKED])
     for i, kind in enumerate(rows.kinds):
-        pos = i + 1
+        pos = first_pos + i + 1  # position of the target token in the sequence
         if pos % FLOW_MARK_EVERY == 0:
             text.append(f"{separator}⟨{pos}⟩", style="blue")
         text.append(separator)
-        text.append(_printable(pieces[pos]), style=STYLES[kind] + (shade if pos % 2 else ""))
+        text.append(_printable(pieces[i + 1]), style=STYLES[kind] + (shade if pos % 2 else ""))
     return text
 
 
-def render_sample(
-    console: Console,
-    info: SampleInfo,
-    before: RolloutState,
-    rows: TokenRows,
-    decode: Decoder | None,
+def render_tokens(
+    console: Console, rows: TokenRows, decode: Decoder | None, first_pos: int = 0
 ) -> None:
-    console.print(sample_header(info, before, rows))
-    if info.length <= TABLE_MAX_TOKENS:
-        console.print(token_table(rows, decode or _ids_as_text))
+    """A table for a short piece, coloured flowing tokens for a long one."""
+    if len(rows.kinds) <= TABLE_MAX_TOKENS:
+        console.print(token_table(rows, decode or _ids_as_text, first_pos))
     else:
-        assert before.input_ids is not None
         # ids need a visible separator; decoded text reads best joined as it was generated
-        flow = token_flow(
-            rows, before.input_ids[0], decode or _ids_as_text, " " if decode is None else ""
-        )
-        console.print(flow)
+        separator = " " if decode is None else ""
+        console.print(token_flow(rows, decode or _ids_as_text, separator, first_pos))
     console.print()
+
+
+def prefix_header(start: int, length: int, rollout_ids: Sequence[str]) -> Text:
+    text = Text("shared prefix", style="bold magenta")
+    for_ids = ", ".join(rollout_ids)
+    text.append(f"  at {start}, {_count(length, 'position')}, shown once for {for_ids}")
+    return text
 
 
 def data_info_table(data_info: dict[str, float]) -> Table:
@@ -243,31 +297,61 @@ def _by_rollout_id(groups: Iterable[Sequence[RolloutState]]) -> dict[str, Rollou
     return {s.rollout_id: s for group in groups for s in group}
 
 
+@dataclass(slots=True)
+class _View:
+    """What rendering a sample needs besides the batch."""
+
+    batch: TrainBatch
+    states: dict[str, RolloutState]  # by rollout_id, the samples as converted
+    stale: Mapping[str, np.ndarray]  # rollout_id -> [T] positions the bake cleared
+    train_step: int
+    decode: Decoder | None
+
+    def rows(self, info: SampleInfo) -> TokenRows:
+        state = self.states[info.rollout_id]
+        return token_rows(self.batch, info, state, self.train_step, self.stale.get(info.rollout_id))
+
+
+def _render_tree(console: Console, view: _View, pack: Pack, infos: list[SampleInfo]) -> None:
+    """Samples that read one prefix (``infos``, the shown ones, in row order): the prefix
+    once, then each branch. A sample without a prefix is its own whole piece."""
+    first, q = infos[0], infos[0].prefix_length
+    rows = {x.rollout_id: view.rows(x) for x in infos}
+    if q:
+        members = [view.batch.samples[i] for i in pack.sample_index]
+        tree = [x.rollout_id for x in members if (x.start, x.prefix_length) == (first.start, q)]
+        console.print(prefix_header(first.start, q, tree))
+        render_tokens(console, rows[first.rollout_id].window(0, q), view.decode)
+    for info in infos:
+        state = view.states[info.rollout_id]
+        console.print(sample_header(info, state, rows[info.rollout_id]))
+        render_tokens(console, rows[info.rollout_id].window(q, info.length), view.decode, q)
+
+
 def render_batch(
     console: Console,
     batch: TrainBatch,
-    groups_before: Iterable[Sequence[RolloutState]],
+    groups: Iterable[Sequence[RolloutState]],
     *,
     train_step: int,
+    stale: Mapping[str, np.ndarray] | None = None,
     sample_indices: Sequence[int] | None = None,
     decode: Decoder | None = None,
 ) -> None:
     """Print the batch: legend, each pack's selected samples, data_info, skipped groups.
 
-    ``groups_before`` are the groups as they were before ``convert_groups``
-    (a deep copy: the bake edits labels in place); ``sample_indices`` index
-    ``batch.samples`` and select which samples are shown.
+    ``groups`` are the groups that were converted; ``stale`` maps a rollout_id to the
+    positions [T] the staleness bake cleared (``stale_positions``, computed before the
+    bake); ``sample_indices`` index ``batch.samples`` and select which samples are shown.
     """
-    before = _by_rollout_id(groups_before)
+    view = _View(batch, _by_rollout_id(groups), stale or {}, train_step, decode)
     selected = set(range(len(batch.samples)) if sample_indices is None else sample_indices)
     console.print(legend())
     for k, pack in enumerate(batch.packs):
-        shown = [i for i in pack.sample_index if i in selected]
+        shown = [batch.samples[i] for i in pack.sample_index if i in selected]
         if not shown:
             continue
         console.rule(pack_rule_title(k, pack), style="blue")
-        for i in shown:
-            info = batch.samples[i]
-            state = before[info.rollout_id]
-            render_sample(console, info, state, token_rows(batch, info, state, train_step), decode)
+        for _, tree in groupby(shown, key=lambda x: (x.start, x.prefix_length)):
+            _render_tree(console, view, pack, list(tree))
     console.print(Group(data_info_table(batch.data_info), skipped_table(batch)))

@@ -14,6 +14,19 @@ forward uses ``attention_mask=None, use_cache=False``, see facts.md). Targets
 are the labels shifted by one inside each sample, so no target ever reads the
 next sample's first token. Positions with target -100 carry advantage 0 and
 rollout logprob 0.
+
+A ``SharedPack`` (the shared-prefix layout, ``rltool.training.layout``) lays each
+prompt out once and the samples that share it as branches after it::
+
+    input_ids    | p0 p1 p2 | p3 a0 a1 | p3 b0 b1 b2 |
+    position_ids |  0  1  2 |  3  4  5 |  3  4  5  6 |
+    tree_ids     |  0  0  0 |  0  0  0 |  0  0  0  0 |
+    branch_ids   |  0  0  0 |  1  1  1 |  2  2  2  2 |
+    cu_seq_lens  [0,                   6,           10]
+
+A position attends causally to its tree's prefix (branch 0) and to its own
+branch, never to a sibling. Each sample's span in ``cu_seq_lens`` is its branch;
+the first sample of a tree also covers the prefix, whose targets are all -100.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ class Pack:
     targets: torch.Tensor  # [N] long, labels[1:] of each sample, -100 = no loss
     advantages: torch.Tensor  # [N] float32, sample advantage where target != -100, else 0
     rollout_logprobs: torch.Tensor  # [N] float32, engine logprob of the target, 0 if none
+    has_rollout_logprobs: torch.Tensor  # [N] bool, the position's sample carries engine logprobs
     position_ids: torch.Tensor  # [N] long, restarts at 0 per sample
     cu_seq_lens: torch.Tensor  # [S + 1] int32, sample boundaries
     max_seq_len: int  # longest sample in the row
@@ -42,6 +56,19 @@ class Pack:
         return int(self.input_ids.shape[0])
 
 
+# attention implementations that take a SharedPack's explicit [N, N] mask; flash attention
+# only knows block-diagonal packing (model.attn_implementation)
+SHARED_ROW_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass(slots=True, kw_only=True)
+class SharedPack(Pack):
+    """A packed row whose samples share their tree's prefix (the picture above)."""
+
+    tree_ids: torch.Tensor  # [N] long, the tree of each position
+    branch_ids: torch.Tensor  # [N] long, 0 = shared prefix, > 0 = a sample's branch
+
+
 @dataclass(slots=True)
 class SampleInfo:
     """Where one shifted sample lives in the packs, and what it trains on."""
@@ -50,8 +77,11 @@ class SampleInfo:
     group_id: str
     task_name: str
     pack: int  # index into TrainBatch.packs
-    start: int  # offset inside that pack
+    start: int  # offset of its first position inside that pack
     length: int  # len(input_ids) - 1, the shifted length
+    # its positions: [start, start + prefix_length) ++ [branch_start, + length - prefix_length)
+    prefix_length: int  # leading positions read from its tree's shared prefix; 0 in a plain row
+    branch_start: int  # offset of its own positions after the prefix; start in a plain row
     advantage: float
     has_rollout_logprobs: bool  # False when the engine returned none
 

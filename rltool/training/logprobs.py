@@ -7,8 +7,9 @@ The row holds several samples back to back with ``position_ids`` restarting at
 restarting positions only when ``attention_mask=None`` and ``use_cache=False``;
 with the cache on it silently lets samples attend to each other (facts.md).
 ``tests/training/test_logprobs.py`` locks this: packed == each sample alone. A
-``SharedPack`` (prefix_share.py: one prompt, several answers) passes its own
-[1, 1, N, N] boolean mask instead, which transformers uses as given.
+``SharedPack`` (the shared-prefix layout: one prompt, several answers) passes
+its own [1, 1, N, N] boolean mask instead (``attention_allowed``), which
+transformers uses as given with sdpa or eager attention.
 
 logprob of target y at a position with logits z (already divided by the
 sampling temperature, so the trainer scores the distribution the engine sampled
@@ -22,10 +23,26 @@ import torch
 
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
-from rltool.training.batch import Pack
-from rltool.training.prefix_share import SharedPack, attention_allowed
+from rltool.training.batch import SHARED_ROW_ATTENTION, Pack, SharedPack
 
 _ENTROPY_CHUNK = 1024  # rows per chunk when entropy is only a metric (bounds the [N, V] copy)
+
+
+def attention_allowed(tree_ids: torch.Tensor, branch_ids: torch.Tensor) -> torch.Tensor:
+    """[N, N] bool, True where query q may attend to key k (causal, own tree, prefix or own
+    branch)."""
+    n = int(tree_ids.shape[0])
+    pos = torch.arange(n, device=tree_ids.device)  # [N]
+    causal = pos[None, :] <= pos[:, None]  # [N, N]
+    same_tree = tree_ids[None, :] == tree_ids[:, None]  # [N, N]
+    visible = (branch_ids[None, :] == 0) | (branch_ids[None, :] == branch_ids[:, None])  # [N, N]
+    return causal & same_tree & visible
+
+
+def supports_shared_rows(model: torch.nn.Module) -> bool:
+    """Whether the model's attention takes a SharedPack's explicit [N, N] mask (sdpa, eager)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) in SHARED_ROW_ATTENTION
 
 
 def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:

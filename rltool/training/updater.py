@@ -1,8 +1,8 @@
 """One policy update (train step) from a list of packed rows.
 
-A train step is::
+The packs are trained exactly as conversion laid them out (plain or shared-prefix
+rows, ``rltool.training.layout``); the updater never re-packs. A train step is::
 
-    regroup the packs so each prompt is computed once per row (prefix_share.py)
     old_logp = logp under the current weights, no grad    (skipped if on-policy, below)
     ref_logp = logp under the frozen reference, no grad   (only when kl_coef > 0)
     split the packs into `mini_batches` groups, balanced by loss tokens
@@ -33,9 +33,9 @@ import torch
 from rltool.config.schema import AlgorithmConfig, DistillConfig, check_distill_config
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
-from rltool.training.batch import Pack
+from rltool.training.batch import Pack, SharedPack
 from rltool.training.distill import distill_term, forward_logprobs_distill
-from rltool.training.logprobs import forward_logprobs
+from rltool.training.logprobs import forward_logprobs, supports_shared_rows
 from rltool.training.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -43,10 +43,8 @@ from rltool.training.losses import (
     count_tokens_and_seqs,
     kl_penalty,
     ppo_policy_loss,
-    sequence_ids,
     tis_weights,
 )
-from rltool.training.prefix_share import share_prefixes, supports_shared_rows
 
 
 def split_mini_batches(sizes: list[int], n: int) -> list[list[int]]:
@@ -61,22 +59,6 @@ def split_mini_batches(sizes: list[int], n: int) -> list[list[int]]:
         groups[g].append(i)
         totals[g] += sizes[i]
     return [sorted(g) for g in groups]
-
-
-def rollout_logprob_mask(pack: Pack) -> torch.Tensor:
-    """[N] bool: the token's sample carries engine logprobs.
-
-    A sample without them has rollout logprob 0 at every supervised position
-    (data contract); a sample with them can be all-zero only if the engine was
-    certain of every token, where old is ~0 too and the weight is ~1 either way.
-    """
-    mask = pack.targets != IGNORE_INDEX  # [N]
-    num_samples = int(pack.cu_seq_lens.shape[0]) - 1
-    seq = sequence_ids(pack.cu_seq_lens, len(pack))  # [N]
-    nonzero = (mask & (pack.rollout_logprobs != 0)).to(torch.long)  # [N]
-    has = torch.zeros(num_samples + 1, dtype=torch.long, device=seq.device)
-    has = has.index_add(0, seq, nonzero) > 0  # [S + 1]
-    return has[seq]  # [N]
 
 
 @contextmanager
@@ -103,12 +85,10 @@ class PolicyUpdater:
         temperature: float = 1.0,
         norm_len: int | None = None,
         distill: DistillConfig | None = None,
-        share_prefix: bool = True,
     ) -> None:
         """``norm_len``: the constant of ``seq-mean-token-sum-norm`` (max response tokens).
         ``distill``: its ``coef`` weighs the distillation loss of packs that carry teacher
-        targets (default 1.0). ``share_prefix``: regroup the packs so that samples sharing a
-        prompt share its forward (``prefix_share.py``; exact, fewer tokens)."""
+        targets (default 1.0)."""
         LOSS_AGGREGATIONS.get(algo.loss_agg)  # an unknown name fails here, listing the known
         if algo.loss_agg == "seq-mean-token-sum-norm" and not norm_len:
             raise ValueError(
@@ -130,12 +110,16 @@ class PolicyUpdater:
         self.algo, self.ref_model = algo, ref_model
         self.grad_clip = grad_clip if grad_clip and grad_clip > 0 else math.inf
         self.temperature, self.norm_len = temperature, norm_len
-        self.share_prefix = share_prefix and supports_shared_rows(model)
 
     def step(self, packs: list[Pack]) -> dict[str, float]:
         """One train step over every pack; returns ``actor/*`` metrics."""
         if not packs:
             raise ValueError("PolicyUpdater.step needs at least one pack")
+        if any(isinstance(p, SharedPack) for p in packs) and not supports_shared_rows(self.model):
+            raise ValueError(
+                "shared-prefix rows need model.attn_implementation sdpa or eager; set "
+                "trainer.prefix_sharing: false for this attention"
+            )
         with _dropout_off(self.model, self.ref_model):
             return self._step(packs)
 
@@ -145,8 +129,6 @@ class PolicyUpdater:
 
     def _step(self, packs: list[Pack]) -> dict[str, float]:
         algo, device = self.algo, model_device(self.model)
-        if self.share_prefix:  # each prompt once per row: same losses, ~2.4x fewer tokens here
-            packs = share_prefixes(packs)
         masks = [(p.targets != IGNORE_INDEX).to(device) for p in packs]  # [N] each
         counts = [count_tokens_and_seqs(p.targets != IGNORE_INDEX, p.cu_seq_lens) for p in packs]
         groups = split_mini_batches([c[0] for c in counts], algo.mini_batches)
@@ -192,7 +174,7 @@ class PolicyUpdater:
         pl = ppo_policy_loss(logp, old, advantages, algo.clip_low, algo.clip_high, algo.dual_clip)
         pg = pl.pg  # [N]
         rollout = pack.rollout_logprobs.to(device)  # [N]
-        has_rollout = rollout_logprob_mask(pack).to(device)  # [N]
+        has_rollout = pack.has_rollout_logprobs.to(device)  # [N], from conversion
         if algo.tis_cap is not None:
             weight = tis_weights(old, rollout, algo.tis_cap, has_rollout)  # [N]
             pg = pg * weight

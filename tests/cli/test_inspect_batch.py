@@ -6,7 +6,10 @@ two segments with tool tokens masked, plus session s1), g-fail (a FAILED
 member: skipped) and g-stale (response_model_steps: at train step 5 with
 max_token_staleness 1 the tokens made at step 2 are stale).
 
-Regenerate the golden output after an intended change with
+Two golden outputs: ``golden_inspect.json`` is the plain layout (``--prefix-sharing
+off``, given explicitly, since a JSONL file defaults to on), ``golden_inspect_shared.json``
+the shared-prefix layout of the same batch (``--prefix-sharing on``).
+Regenerate them after an intended change with
 ``RLTOOL_UPDATE_GOLDEN=1 pytest tests/cli/test_inspect_batch.py`` and review the diff.
 """
 
@@ -16,13 +19,13 @@ import json
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
-from rltool.config.schema import RecipeConfig
 from rltool.rollout.io import read_groups
 from rltool.rollout.state import RolloutState
 from rltool.training.convert import ConversionConfig
@@ -30,6 +33,7 @@ from rltool.training.convert import ConversionConfig
 DATA = Path(__file__).parent.parent / "data"
 ROLLOUTS = DATA / "golden_rollouts.jsonl"
 GOLDEN = DATA / "golden_inspect.json"
+GOLDEN_SHARED = DATA / "golden_inspect_shared.json"
 M = -100
 
 # the fixed options of the golden run
@@ -40,7 +44,14 @@ CONVERSION_OPTIONS = [
     "--max-token-staleness", "1",
     "--sync-interval", "1",
 ]  # fmt: skip
-GOLDEN_OPTIONS = [*CONVERSION_OPTIONS, "--train-step", "5"]
+PLAIN, SHARED = ["--prefix-sharing", "off"], ["--prefix-sharing", "on"]
+GOLDEN_OPTIONS = [*CONVERSION_OPTIONS, "--train-step", "5", *PLAIN]
+SHARED_OPTIONS = [*CONVERSION_OPTIONS, "--train-step", "5", *SHARED]
+SAMPLE_KEYS = [
+    "rollout_id", "group_id", "pack", "start", "length", "advantage",
+    "input_ids", "targets", "advantages", "rollout_logprobs",
+]  # fmt: skip
+PACK_KEYS = ["length", "cu_seq_lens", "position_ids"]
 
 # GRPO, sample std (n-1), eps 1e-6, worked by hand:
 # g-math rewards 1, 0.5, 0: mean 0.5, std 0.5 -> +-0.5 / 0.500001
@@ -55,15 +66,24 @@ def inspect(*args: str | Path):
     return runner.invoke(app, ["inspect-batch", *map(str, args)])
 
 
-def golden_json(*extra: str) -> dict:
-    result = inspect(ROLLOUTS, *GOLDEN_OPTIONS, "--format", "json", *extra)
+def json_of(*args: str | Path) -> dict:
+    result = inspect(*args, "--format", "json")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def golden_json(*extra: str) -> dict:
+    return json_of(ROLLOUTS, *GOLDEN_OPTIONS, *extra)
 
 
 @pytest.fixture(scope="module")
 def out() -> dict:
     return golden_json()
+
+
+@pytest.fixture(scope="module")
+def shared() -> dict:
+    return json_of(ROLLOUTS, *SHARED_OPTIONS)
 
 
 def by_id(out: dict) -> dict[str, dict]:
@@ -78,11 +98,8 @@ def test_matches_golden_file(out):
 
 def test_json_keys_in_contract_order(out):
     assert list(out) == ["samples", "packs", "skipped_groups", "data_info"]
-    assert list(out["samples"][0]) == [
-        "rollout_id", "group_id", "pack", "start", "length", "advantage",
-        "input_ids", "targets", "advantages", "rollout_logprobs",
-    ]  # fmt: skip
-    assert list(out["packs"][0]) == ["length", "cu_seq_lens", "position_ids"]
+    assert list(out["samples"][0]) == SAMPLE_KEYS
+    assert list(out["packs"][0]) == PACK_KEYS
     assert out["skipped_groups"] == [
         {"group_id": "g-fail", "reason": out["skipped_groups"][0]["reason"]}
     ]
@@ -258,30 +275,140 @@ def test_overrides_need_a_recipe():
     assert result.exit_code == 2
 
 
-def test_recipe_mode_without_generation_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rltool.app.run", None)  # import fails as if absent
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("trainer:\n  steps: 1\n")
-    result = inspect(recipe)
-    assert result.exit_code == 2
-    assert "recipe mode needs rltool train's generation" in result.output
+def fake_generation(monkeypatch, recipe_text: str = "") -> Callable[[], list]:
+    """``rltool.app.run`` replaced by a generation that returns the golden rollouts at step 5
+    with the conversion settings of the recipe text; returns the calls made."""
+    from rltool.config.loader import load_recipe
 
-
-def test_recipe_mode_converts_generated_groups(tmp_path, monkeypatch):
-    """The recipe's groups, conversion settings and step are used; options override them."""
     calls = []
 
     def generate_batch_from_recipe(path: str, overrides: list[str]):
         calls.append((path, overrides))
-        cfg = ConversionConfig.from_recipe(RecipeConfig())
+        cfg = ConversionConfig.from_recipe(load_recipe(path, overrides))
         return read_groups(ROLLOUTS), None, cfg, 5
 
     fake = types.ModuleType("rltool.app.run")
     fake.generate_batch_from_recipe = generate_batch_from_recipe
     monkeypatch.setitem(sys.modules, "rltool.app.run", fake)
+    return lambda: calls
+
+
+def test_recipe_mode_converts_generated_groups(tmp_path, monkeypatch):
+    """The recipe's groups, conversion settings and step are used; options override them."""
+    calls = fake_generation(monkeypatch)
     recipe = tmp_path / "r.yml"
     recipe.write_text("trainer:\n  steps: 1\n")
-    result = inspect(recipe, "trainer.seed=1", *CONVERSION_OPTIONS, "--format", "json")
+    got = json_of(recipe, "trainer.seed=1", *CONVERSION_OPTIONS, *PLAIN)
+    assert calls() == [(str(recipe), ["trainer.seed=1"])]
+    assert got == json.loads(GOLDEN.read_text())  # step 5 from the recipe
+
+
+def test_recipe_mode_takes_the_recipes_layout_and_staleness(tmp_path):
+    """Without options: the recipe's trainer.prefix_sharing and algorithm staleness limits."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "trainer:\n  prefix_sharing: false\n  pack_max_length: 16\n"
+        "algorithm:\n  max_staleness: 3\n  max_token_staleness: 1\n"
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        fake_generation(mp)
+        assert json_of(recipe) == json.loads(GOLDEN.read_text())
+        assert json_of(recipe, *SHARED) == json.loads(GOLDEN_SHARED.read_text())
+        assert json_of(recipe, "trainer.prefix_sharing=true") == json.loads(
+            GOLDEN_SHARED.read_text()
+        )
+
+
+# ---------------------------------------------------------------- the shared-prefix layout
+
+
+def test_matches_shared_golden_file(shared):
+    if os.environ.get("RLTOOL_UPDATE_GOLDEN") == "1":
+        GOLDEN_SHARED.write_text(json.dumps(shared, indent=1) + "\n")
+    assert shared == json.loads(GOLDEN_SHARED.read_text())
+
+
+def test_a_jsonl_file_shares_prefixes_by_default(shared):
+    assert json_of(ROLLOUTS, *CONVERSION_OPTIONS, "--train-step", "5") == shared
+
+
+def test_shared_layout_only_adds_fields(out, shared):
+    """Every plain field keeps its name and order; the layout is described after them. Each
+    sample's shifted fields, advantage and length are those of the plain layout."""
+    assert list(shared) == list(out)
+    assert all(
+        list(s) == [*SAMPLE_KEYS, "prefix_length", "branch_start"] for s in shared["samples"]
+    )
+    assert all(list(p) == [*PACK_KEYS, "tree_ids", "branch_ids"] for p in shared["packs"])
+    moved = {"pack", "start", "prefix_length", "branch_start"}
+    plain = by_id(out)
+    for s in shared["samples"]:
+        assert {k: v for k, v in s.items() if k not in moved} == {
+            k: v for k, v in plain[s["rollout_id"]].items() if k not in moved
+        }
+    assert (shared["skipped_groups"], shared["data_info"]) == (
+        out["skipped_groups"],
+        out["data_info"],
+    )
+
+
+def test_shared_prefix_worked_by_hand(shared):
+    """g-math: prompt 10 11 12, so the shared prefix is the inputs 10 11 (no targets) and each
+    branch starts at input 12, position 2. Best fit put math-2 (7) first, then math-0, math-1."""
+    samples, pack = by_id(shared), shared["packs"][0]
+    assert [samples[r]["pack"] for r in ("math-0", "math-1", "math-2")] == [0, 0, 0]
+    assert [
+        (samples[r]["start"], samples[r]["prefix_length"], samples[r]["branch_start"])
+        for r in ("math-2", "math-0", "math-1")
+    ] == [(0, 2, 2), (0, 2, 7), (0, 2, 11)]
+    # 2 prefix positions, branches of 7 - 2, 6 - 2, 5 - 2
+    assert pack["length"] == 2 + 5 + 4 + 3 == 14
+    assert pack["cu_seq_lens"] == [0, 7, 11, 14]  # math-2's span covers the prefix
+    assert pack["branch_ids"] == [0, 0] + [1] * 5 + [2] * 4 + [3] * 3
+    assert pack["tree_ids"] == [0] * 14
+    assert pack["position_ids"] == [0, 1, 2, 3, 4, 5, 6, 2, 3, 4, 5, 2, 3, 4]
+
+
+def test_every_shared_sample_gathers_to_its_positions(shared):
+    """[start, start + prefix_length) ++ [branch_start, ...) reads positions 0 .. length - 1,
+    the prefix inside branch 0 of the sample's tree, the rest inside one branch of its own."""
+    for s in shared["samples"]:
+        pack, q, n = shared["packs"][s["pack"]], s["prefix_length"], s["length"]
+        at = [
+            *range(s["start"], s["start"] + q),
+            *range(s["branch_start"], s["branch_start"] + n - q),
+        ]
+        assert [pack["position_ids"][i] for i in at] == list(range(n))
+        assert all(pack["branch_ids"][i] == 0 for i in at[:q])
+        assert len({pack["branch_ids"][i] for i in at[q:]}) == 1
+        assert len({pack["tree_ids"][i] for i in at}) == 1
+    assert all(p["length"] <= 16 for p in shared["packs"])
+
+
+def test_rich_view_shows_each_shared_prefix_once():
+    result = inspect(ROLLOUTS, *SHARED_OPTIONS)
     assert result.exit_code == 0, result.output
-    assert calls == [(str(recipe), ["trainer.seed=1"])]
-    assert json.loads(result.stdout) == json.loads(GOLDEN.read_text())  # step 5 from the recipe
+    text = result.stdout
+    assert "shared-prefix trees" in text
+    assert (
+        text.count("shared prefix  at 0, 2 positions, shown once for math-2, math-0, math-1") == 1
+    )
+    assert text.count("⎇ branch at") == 8  # every sample's own part
+    assert "supervised 3  masked 1  stale 2" in text  # stale-0, as in the plain view
+
+
+def test_rich_view_filter_keeps_the_prefix_of_a_shown_branch():
+    result = inspect(ROLLOUTS, *SHARED_OPTIONS, "--sample", "math-1")
+    assert result.exit_code == 0, result.output
+    assert "shared prefix  at 0, 2 positions" in result.stdout
+    assert "⎇ branch at 11" in result.stdout and "math-0  group" not in result.stdout
+
+
+def test_expired_group_is_skipped_by_the_explicit_bake(out):
+    # --max-staleness 1: stale-0's oldest token (staleness 2) reaches (1 + 1) * 1
+    got = json_of(ROLLOUTS, *GOLDEN_OPTIONS, "--max-staleness", "1")
+    assert [g["group_id"] for g in got["skipped_groups"]] == ["g-fail", "g-stale"]
+    assert got["skipped_groups"][1]["reason"] == "expired"
+    info = got["data_info"]
+    assert (info["data/staleness/expired_samples"], info["data/staleness/stale_tokens"]) == (1, 2)
+    assert "stale-1" not in by_id(got)

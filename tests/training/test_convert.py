@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 
 import rltool.training.flat as flat_module
 from rltool.agent_loops.canonical import build_prompt_response_fields
-from rltool.config.schema import AlgorithmConfig, RecipeConfig, TrainerConfig
+from rltool.config.schema import AlgorithmConfig, ModelConfig, RecipeConfig, TrainerConfig
 from rltool.rollout.cached_list import CachedList, cached_array, is_join
 from rltool.rollout.contract import check_group, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, TeacherTargets
 from rltool.training.advantages import EPS
-from rltool.training.batch import Pack, TrainBatch
-from rltool.training.convert import ConversionConfig, check_pack_widths, convert_groups
+from rltool.training.batch import Pack, SharedPack, TrainBatch
+from rltool.training.convert import ConversionConfig, convert_groups
+from rltool.training.layout.plain import check_pack_widths
 
 X = IGNORE_INDEX
 
@@ -195,6 +196,62 @@ def test_without_engine_logprobs_rollout_logprobs_are_zero() -> None:
     batch = convert_groups([s], ConversionConfig(pack_max_length=16))
     assert batch.packs[0].rollout_logprobs.tolist() == [0.0] * 6
     assert [x.has_rollout_logprobs for x in batch.samples] == [False, False]
+    assert batch.packs[0].has_rollout_logprobs.tolist() == [False] * 6
+
+
+def test_engine_logprobs_flag_follows_each_sample_through_both_layouts() -> None:
+    """The fact comes from ``logprobs is None``, not from the values: n1's are all 0.0."""
+    s = [
+        make("n0", [1, 2], [3, 4], [1, 1], None, score=0.0),
+        make("n1", [1, 2], [5], [1], [0.0], score=1.0),
+        make("n2", [1, 2], [6, 7], [1, 1], [-0.2, -0.3], score=0.5),
+    ]
+    plain = convert_groups([s], ConversionConfig(pack_max_length=16)).packs[0]
+    assert plain.has_rollout_logprobs.tolist() == [False] * 3 + [True] * 2 + [True] * 3
+    cfg = ConversionConfig(pack_max_length=16, prefix_sharing=True)
+    shared = convert_groups([s], cfg).packs[0]
+    # the prefix (input 1) once, then the branches 2 3 | 2 | 2 6
+    assert shared.input_ids.tolist() == [1, 2, 3, 2, 2, 6]
+    assert shared.has_rollout_logprobs.tolist() == [False] * 3 + [True] + [True] * 2
+
+
+def _one_prompt_group() -> list[RolloutState]:
+    """Prompt 1 2 3, responses 7 8 / 9 / 4 5 6 (shifted lengths 4, 3, 5)."""
+    return [
+        make("a", [1, 2, 3], [7, 8], [1, 1], [-0.1, -0.2], score=1.0),
+        make("b", [1, 2, 3], [9], [1], [-0.3], score=0.0),
+        make("c", [1, 2, 3], [4, 5, 6], [1, 0, 1], [-0.4, 0.0, -0.6], score=0.5),
+    ]
+
+
+def test_prefix_sharing_lays_the_prompt_out_once() -> None:
+    cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16, prefix_sharing=True)
+    batch = convert_groups([_one_prompt_group()], cfg)
+    (p,) = batch.packs
+    assert isinstance(p, SharedPack)
+    # prefix: inputs 1 2 (targets -100); branches a: 3 7, b: 3, c: 3 4 5
+    assert p.input_ids.tolist() == [1, 2, 3, 7, 3, 3, 4, 5]
+    assert p.targets.tolist() == [X, X, 7, 8, 9, 4, X, 6]
+    assert p.advantages.tolist() == [0, 0, 0.5, 0.5, -0.5, 0, 0, 0]
+    assert p.position_ids.tolist() == [0, 1, 2, 3, 2, 2, 3, 4]
+    assert p.branch_ids.tolist() == [0, 0, 1, 1, 2, 3, 3, 3]
+    assert p.cu_seq_lens.tolist() == [0, 4, 5, 8]
+    placed = [(x.pack, x.start, x.length, x.prefix_length, x.branch_start) for x in batch.samples]
+    assert placed == [(0, 0, 4, 2, 2), (0, 0, 3, 2, 4), (0, 0, 5, 2, 5)]
+    check_pack_widths(p)
+    # data_info as for plain rows (data/packs, padding_waste: the plain packing)
+    plain_cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16)
+    assert batch.data_info == convert_groups([_one_prompt_group()], plain_cfg).data_info
+
+
+def test_packs_with_extras_stay_plain_with_prefix_sharing() -> None:
+    group = _one_prompt_group()
+    for s in group:
+        s.routed_experts = [[t] for t in s.input_ids]
+    cfg = ConversionConfig(pack_max_length=16, prefix_sharing=True)
+    batch = convert_groups([group], cfg)
+    assert [type(p) for p in batch.packs] == [Pack]
+    assert all(x.prefix_length == 0 and x.branch_start == x.start for x in batch.samples)
 
 
 def test_extras_take_the_same_shift() -> None:
@@ -500,11 +557,26 @@ def test_from_recipe() -> None:
     assert ConversionConfig.from_recipe(recipe) == ConversionConfig(
         estimator="rloo",
         pack_max_length=4096,
+        prefix_sharing=True,
         task_adv_weight={"distill": 0.0},
         max_staleness=2,
         max_token_staleness=1,
         sync_interval=3,
     )
+
+
+@pytest.mark.parametrize(
+    ("attn", "sharing", "expected"),
+    [("sdpa", True, True), ("eager", True, True), ("flash_attention_2", True, False),
+     ("sdpa", False, False)],
+)  # fmt: skip
+def test_from_recipe_shares_prefixes_only_with_attention_that_takes_a_mask(
+    attn: str, sharing: bool, expected: bool
+) -> None:
+    recipe = RecipeConfig(
+        model=ModelConfig(attn_implementation=attn), trainer=TrainerConfig(prefix_sharing=sharing)
+    )
+    assert ConversionConfig.from_recipe(recipe).prefix_sharing is expected
 
 
 @pytest.mark.parametrize(

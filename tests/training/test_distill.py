@@ -170,6 +170,7 @@ def test_sampled_targets_of_other_tokens_are_an_error() -> None:
         targets=torch.tensor([IGNORE_INDEX, 3, 4]),
         advantages=torch.zeros(3),
         rollout_logprobs=torch.zeros(3),
+        has_rollout_logprobs=torch.ones(3, dtype=torch.bool),
         position_ids=torch.arange(3),
         cu_seq_lens=torch.tensor([0, 3], dtype=torch.int32),
         max_seq_len=3,

@@ -31,6 +31,7 @@ def pack_of(samples: list[tuple[list[int], list[int]]]) -> Pack:
         targets=torch.tensor(targets),
         advantages=torch.zeros(len(ids)),
         rollout_logprobs=torch.zeros(len(ids)),
+        has_rollout_logprobs=torch.ones(len(ids), dtype=torch.bool),
         position_ids=torch.cat([torch.arange(n) for n in lens]),
         cu_seq_lens=torch.tensor(cu, dtype=torch.int32),
         max_seq_len=max(lens),

@@ -1,4 +1,4 @@
-"""Shared-prompt rows: the same logprobs and the same update as plain rows, with fewer tokens."""
+"""Shared-prefix rows: the same logprobs and the same update as plain rows, with fewer tokens."""
 
 from __future__ import annotations
 
@@ -9,16 +9,12 @@ import torch
 from tiny_models import random_qwen2
 
 from rltool.config.schema import AlgorithmConfig, OptimizerConfig
-from rltool.training.batch import Pack
-from rltool.training.logprobs import forward_logprobs
+from rltool.training.batch import Pack, SharedPack
+from rltool.training.layout.plain import check_pack_widths
+from rltool.training.layout.shared_prefix import share_prefixes, shareable
+from rltool.training.logprobs import attention_allowed, forward_logprobs, supports_shared_rows
 from rltool.training.losses import LOSS_AGGREGATIONS
 from rltool.training.optim import build_optimizer, build_scheduler
-from rltool.training.prefix_share import (
-    SharedPack,
-    attention_allowed,
-    share_prefixes,
-    supports_shared_rows,
-)
 from rltool.training.updater import PolicyUpdater
 
 VOCAB = 101
@@ -61,6 +57,7 @@ def pack_of(samples: list[dict], index: list[int]) -> Pack:
         targets=torch.cat([s["targets"] for s in samples]),
         advantages=torch.cat([s["adv"] for s in samples]).float(),
         rollout_logprobs=torch.cat([s["lp"] for s in samples]).float(),
+        has_rollout_logprobs=torch.ones(sum(lens), dtype=torch.bool),
         position_ids=torch.cat([torch.arange(n) for n in lens]),
         cu_seq_lens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
         max_seq_len=max(lens),
@@ -106,8 +103,10 @@ def test_attention_allowed_by_hand() -> None:
 
 def test_rows_hold_each_prompt_once_and_every_sample() -> None:
     packs = plain_packs()
-    shared = share_prefixes(packs)
+    shared = share_prefixes(packs).packs
     assert all(isinstance(p, SharedPack) for p in shared)
+    for k, p in enumerate(shared):
+        check_pack_widths(p, k)
     assert sorted(i for p in shared for i in p.sample_index) == list(range(6))
     # 6 samples carry 3 x 4 + 3 x 3 prompt positions; shared: 4 + 3
     assert sum(len(p) for p in packs) - sum(len(p) for p in shared) == 2 * 4 + 2 * 3
@@ -121,7 +120,7 @@ def test_shared_rows_give_the_logprobs_of_plain_rows() -> None:
     model = tiny_qwen2()
     packs = plain_packs()
     plain = supervised_logprobs(model, packs)
-    shared = supervised_logprobs(model, share_prefixes(packs))
+    shared = supervised_logprobs(model, share_prefixes(packs).packs)
     assert plain.keys() == shared.keys()
     for i in plain:
         torch.testing.assert_close(shared[i], plain[i], atol=1e-5, rtol=0)
@@ -130,7 +129,7 @@ def test_shared_rows_give_the_logprobs_of_plain_rows() -> None:
 def test_a_sibling_token_would_change_the_result() -> None:
     """The test above can fail: letting branch 2 see branch 1 changes its logprobs."""
     model = tiny_qwen2()
-    row = share_prefixes(plain_packs())[0]
+    row = share_prefixes(plain_packs()).packs[0]
     leaky = copy.copy(row)
     leaky.branch_ids = torch.where(row.branch_ids > 0, 1, 0)  # all branches merged into one
     a = supervised_logprobs(model, [row])
@@ -139,7 +138,7 @@ def test_a_sibling_token_would_change_the_result() -> None:
 
 
 def test_rows_are_bounded_by_max_len() -> None:
-    shared = share_prefixes(plain_packs(), max_len=12)
+    shared = share_prefixes(plain_packs(), max_len=12).packs
     assert max(len(p) for p in shared) <= 12
     assert sorted(i for p in shared for i in p.sample_index) == list(range(6))
 
@@ -149,10 +148,8 @@ def _update(share: bool, loss_agg: str) -> torch.nn.Module:
     algo = AlgorithmConfig(loss_agg=loss_agg)
     cfg = OptimizerConfig(lr=1e-3)
     opt = build_optimizer(model, cfg)
-    updater = PolicyUpdater(
-        model, opt, build_scheduler(opt, cfg, 10), algo, norm_len=8, share_prefix=share
-    )
-    updater.step(plain_packs())
+    updater = PolicyUpdater(model, opt, build_scheduler(opt, cfg, 10), algo, norm_len=8)
+    updater.step(share_prefixes(plain_packs()).packs if share else plain_packs())
     return model
 
 
@@ -172,12 +169,13 @@ def test_updater_with_shared_prefixes_takes_the_same_step(loss_agg: str) -> None
     assert diff < 1e-5 * max(moved / 1e-3, 1.0)
 
 
-def test_packs_with_teacher_targets_stay_plain() -> None:
+def test_packs_with_extras_do_not_share() -> None:
     packs = plain_packs()
+    assert all(shareable(p) for p in packs)
     packs[1].teacher_kind = "sampled"
-    out = share_prefixes(packs)
-    assert out[-1] is packs[1]
-    assert sorted(out[0].sample_index) == [0, 3, 4]
+    assert not shareable(packs[1])
+    packs[0].routed_experts = torch.zeros(len(packs[0]), 2, dtype=torch.long)
+    assert not shareable(packs[0])
 
 
 def test_only_attention_that_takes_a_mask_shares() -> None:
@@ -185,3 +183,50 @@ def test_only_attention_that_takes_a_mask_shares() -> None:
     assert supports_shared_rows(model)
     model.config._attn_implementation = "flash_attention_2"
     assert not supports_shared_rows(model)
+
+
+def test_placement_worked_by_hand() -> None:
+    """Prompt 1 2 3 with responses 7 8 (sample 0) and 9 (sample 1), shifted; the prefix is the
+    two leading positions without a target (input 1 2), branches start at input 3."""
+    a = {
+        "ids": torch.tensor([1, 2, 3, 7]),
+        "targets": torch.tensor([-100, -100, 7, 8]),
+        "adv": torch.tensor([0.0, 0.0, 1.0, 1.0]),
+        "lp": torch.tensor([0.0, 0.0, -0.5, -0.6]),
+    }
+    b = {
+        "ids": torch.tensor([1, 2, 3]),
+        "targets": torch.tensor([-100, -100, 9]),
+        "adv": torch.tensor([0.0, 0.0, -1.0]),
+        "lp": torch.tensor([0.0, 0.0, -0.7]),
+    }
+    out = share_prefixes([pack_of([a, b], [0, 1])])
+    (row,) = out.packs
+    assert row.input_ids.tolist() == [1, 2, 3, 7, 3]
+    assert row.targets.tolist() == [-100, -100, 7, 8, 9]
+    assert row.advantages.tolist() == [0.0, 0.0, 1.0, 1.0, -1.0]
+    assert row.position_ids.tolist() == [0, 1, 2, 3, 2]
+    assert row.tree_ids.tolist() == [0, 0, 0, 0, 0]
+    assert row.branch_ids.tolist() == [0, 0, 1, 1, 2]
+    assert row.cu_seq_lens.tolist() == [0, 4, 5]
+    assert (row.max_seq_len, row.sample_index) == (4, [0, 1])
+    assert out.pack_S.tolist() == [0, 0]
+    assert out.start_S.tolist() == [0, 0]  # both read the prefix at 0
+    assert out.prefix_S.tolist() == [2, 2]
+    assert out.branch_S.tolist() == [2, 4]
+
+
+def test_placement_gathers_every_sample_back() -> None:
+    """[start, start + prefix) ++ [branch, branch + L - prefix) of a shared row is the sample's
+    own plain row, field by field, with positions 0 .. L - 1."""
+    samples = grpo_samples()
+    out = share_prefixes(plain_packs())
+    for i, s in enumerate(samples):
+        row, length = out.packs[out.pack_S[i]], len(s["ids"])
+        start, q, branch = int(out.start_S[i]), int(out.prefix_S[i]), int(out.branch_S[i])
+        at = torch.cat([torch.arange(start, start + q), torch.arange(branch, branch + length - q)])
+        assert torch.equal(row.input_ids[at], s["ids"])
+        assert torch.equal(row.targets[at], s["targets"])
+        assert torch.equal(row.rollout_logprobs[at], s["lp"].float())
+        assert row.position_ids[at].tolist() == list(range(length))
+        assert q == (4 if i < 3 else 3)  # prompt minus its last token
