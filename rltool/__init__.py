@@ -1,0 +1,1 @@
+"""rltool: a CLI toolkit for RL post-training of language models."""

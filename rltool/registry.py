@@ -1,10 +1,7 @@
 """One registry style for every pluggable kind: agent loops, engines, estimators, losses.
 
-A ``Registry`` maps the name a recipe uses to the thing it builds. Entries register
-themselves with a decorator where they are defined; ``builtin_modules`` names the
-modules that hold the builtin entries, imported on the first lookup (so a registry
-can list an engine whose heavy dependency is imported only when it is built). An
-unknown name is a ValueError that names the recipe key and lists the known names.
+A ``Registry`` maps the name a recipe uses to the thing it builds; an unknown name is a
+ValueError that lists the known names. Design: docs/foundations.md#the-registry
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Agent loops: tasks in, canonical RolloutStates out (gsm8k, localhost, sandbox, verl)."""

@@ -1,10 +1,8 @@
 """The AgentLoop interface, what every loop is built with, and the registry of loops.
 
-An agent loop turns a task (a prompt, an environment) into RolloutStates and
-owns their per-sample token fields (data-contract sections 1 and 3); the builds
-and checks themselves are ``rltool.agent_loops.canonical``'s. A recipe names a
-loop by ``agent_loop.name`` (``AGENT_LOOPS``); ``from_config`` builds it from
-``agent_loop.options`` and a ``LoopContext``.
+A recipe names a loop by ``agent_loop.name`` (``AGENT_LOOPS``); ``from_config`` builds it
+from ``agent_loop.options`` and a ``LoopContext``. The builds and checks of token fields
+are ``rltool.agent_loops.canonical``'s. Design: docs/agent-loops.md#the-agentloop-interface
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The GSM8K loop: one chat-formatted question in, sampled answers out, scored by the
 final number.
 
-Each task is a record ``{"question": str, "answer": str | number}`` whose answer
-ends in GSM8K's ``#### <number>``. The prompt is the tokenizer's chat template
-over ``[system?, user question]`` with the generation prompt appended. All
-prompts of a step, times the group size, go through ONE ``engine.generate`` call
-(the engine batches internally), which is what makes a step fast. Every sample
-is canonicalized at generation time (data-contract section 3), then rewarded:
-a reward that cannot be computed marks the sample FAILED with the reason and
-is counted in ``reward/errors``; it is never scored 0.0.
+All prompts of a step, times the group size, go through ONE ``engine.generate`` call.
+Design: docs/agent-loops.md#the-gsm8k-loop
 """
 
 from __future__ import annotations

@@ -1,36 +1,8 @@
 """The localhost loop: the user's agent runs in-process against the session server.
 
-The agent is a Python callable named by import path in the recipe, called as
-``agent(client, task)`` with an ``openai.OpenAI`` client bound to its own
-session's base URL; it runs its tools itself and returns its output (the final
-text, a transcript, anything its judger understands). The judger, also named by
-import path, scores it: ``judger(task, output) -> float`` (or a mapping with a
-``score``)::
-
-    agent_loop:
-      name: localhost
-      options:
-        agent: rltool.agents.calculator:run
-        judger: rltool.agents.calculator:judge
-
-One step runs all ``prompts x n`` agents at once on a thread pool: their chat
-requests meet in the session server's batcher, which merges each wave of turns
-into one ``engine.generate`` call, so the engine sees big batches, not one
-sequence at a time. After an agent returns, its session is exported
-(``rltool.sessions.export``: one canonical RolloutState per segment, all sharing
-the session id) with the judged reward, and checked (``check_train_fields``).
-
-Failures stay inside their session: an agent that raises, a judger that raises,
-an engine failure or an agent that never called the model marks every segment
-of that session FAILED with the reason (counted in ``agent/errors`` or
-``reward/errors``); the other sessions and the run go on.
-
-Chat template: the session server renders requests with the tokenizer's chat
-template, tools included. A template that ignores ``tools`` (the demo
-tokenizer's plain ChatML) is replaced, for the session server only, by
-``rltool.sessions.TOOL_CHAT_TEMPLATE``, the same ChatML plus Hermes tool calls:
-prompts without tools render identically, so the model sees the format it was
-trained on (``session_tokenizer``).
+``options.agent`` and ``options.judger`` are import paths: ``agent(client, task)`` runs
+with an OpenAI client bound to its own session, ``judger(task, output)`` scores it; each
+session is exported with its reward. Design: docs/agent-loops.md#the-localhost-loop
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
 """The sandbox loop: an agent command runs in a bubblewrap sandbox, a check command judges it.
 
-Per sample: a session is opened on the session server, which listens on a Unix
-socket (bound into the sandbox at ``/run/rltool/session.sock``; the sandbox has
-no network). The agent command runs in a sandbox whose private ``/work`` is
-seeded with the task's files plus ``.rltool/task.json`` (``prompt``,
-``solution_file``, ``max_turns``); env ``RLTOOL_SESSION_SOCKET``,
-``RLTOOL_BASE_URL`` (``http://localhost/s/<session>/v1``) and
-``RLTOOL_TASK_FILE`` tell it where things are. Then the task's check command
-runs over the same work dir with the task's hidden ``check_files`` bound
-read-only at ``/check``. Reward: 1.0 when the check exits 0, else 0.0, with the
-check's status, exit code and output in the reward mapping.
-
-Task records (JSONL, ``question``/``answer`` as ``rltool.data`` requires)::
-
-    {"question": "Write add(a, b) in solution.py ...",   # the prompt
-     "answer": "def add(a, b): ...",                      # a reference solution (not shown)
-     "solution_file": "solution.py",
-     "files": {"solution.py": "# ...\\n"},                 # seeded into /work
-     "check": ["{python}", "/check/check_add.py"],          # run in /work after the agent
-     "check_files": {"check_add.py": "..."}}               # bound read-only at /check
-
-``{python}`` in the agent and check commands is the sandbox's interpreter
-(``options.python``: ``system`` = /usr/bin/python3, ``host`` = this Python with
-its prefix bound read-only, ``auto`` = system when present). Both are plain
-Pythons: whatever runs inside uses the standard library only.
-
-Failures: an agent sandbox that times out, crashes, hits a limit or exits
-non-zero, a sandbox that cannot be set up, an engine failure or an agent that
-never called the model marks every segment of that session FAILED with the
-reason; the run goes on. A check that fails in any way the solution can cause
-(non-zero exit, timeout, limit) is a wrong solution: reward 0.0, COMPLETED.
-Sandboxes run through one ``SandboxPool`` per call, at most
-``options.max_concurrent`` at once; closing it kills whatever is left.
+Per sample: a recorded session, the agent sandbox over the task's files, then the check
+sandbox over the same work dir; reward 1.0 when the check exits 0, else 0.0.
+Design (task records, environment, failures): docs/agent-loops.md#the-sandbox-loop
 """
 
 from __future__ import annotations

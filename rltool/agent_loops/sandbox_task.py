@@ -1,8 +1,8 @@
 """The sandbox loop's task record, its hidden check files and the reward its check gives.
 
-A task record (see ``rltool.agent_loops.sandbox``) becomes a checked
-``CodingTask``; its ``check_files`` are written to a directory the check sandbox
-binds read-only; a finished agent-then-check run becomes (reward, error).
+A task record becomes a checked ``CodingTask``; its ``check_files`` are written to a
+directory the check sandbox binds read-only; a finished agent-then-check run becomes
+(reward, error). The record format: docs/agent-loops.md#task-records
 """
 
 from __future__ import annotations

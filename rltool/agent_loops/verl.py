@@ -1,33 +1,8 @@
 """The ``verl`` loop: runs agent loops written for verl's agent-loop interface.
 
-``agent_loop.options.loop_class`` names the class by import path, e.g.
-``verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop`` (verl's own,
-unmodified; verl must be installed, see scripts/verl_env.sh) or any class with
-verl's constructor and ``async def run(self, sampling_params, **kwargs)``
-returning an object with verl's ``AgentLoopOutput`` attributes. verl is not a
-dependency of rltool: everything the loop talks to is duck-typed
-(``rltool.verl_compat``).
-
-As in verl, each trajectory gets a fresh loop object, built inside the event
-loop with the trainer config, a server manager, the tokenizer and the tools,
-and ``run`` gets the task's fields plus ``raw_prompt`` (the chat messages).
-All trajectories of a call run concurrently; their generate requests are
-gathered into one engine call per turn. Each ``AgentLoopOutput`` becomes a
-canonical RolloutState (``rltool.verl_compat.convert``). Its reward is the
-loop's ``reward_score`` when it set one, else the judger named by
-``options.reward`` on the text of the model's last turn. A trajectory that
-raises, or whose output breaks the contract, is FAILED with the reason and
-counted; the others go on.
-
-Options: ``loop_class`` (required), ``system_prompt`` (for
-tasks given as a ``question``), ``reward`` (``gsm8k`` or none),
-``prompt_length`` and ``response_length`` (verl's rollout lengths; the
-response budget defaults to the sampling's ``max_new_tokens``),
-``multi_turn`` (verl's ``rollout.multi_turn`` keys: ``tool_config_path``,
-``max_assistant_turns``, ``format``, ...), ``hf_model_type`` (picks verl's
-chat-boundary handling; default: the engine model's ``model_type``),
-``config`` (extra keys merged onto the verl config) and ``loop_kwargs`` (extra
-constructor keyword arguments, as in verl's agent-loop config file).
+``options.loop_class`` names the class by import path; each trajectory gets a fresh loop
+object, its output becomes a canonical RolloutState (``rltool.verl_compat``).
+Design (options, rewards, failures): docs/agent-loops.md#the-verl-loop
 """
 
 from __future__ import annotations

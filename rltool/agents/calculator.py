@@ -1,22 +1,7 @@
 """The calculator agent: a GSM8K question, a ``calculator`` tool, and a checked final answer.
 
-Every episode has two assistant turns with environment tokens between them:
-
-- the model calls the tool: each call is evaluated locally (``calculate``: a safe
-  arithmetic evaluator over Python's ``ast``, never ``eval``) and sent back as a
-  tool message; the next request asks for the final answer;
-- the model answers without a call: the agent checks the first ``a op b`` it wrote
-  with the calculator and sends the result back as a user message
-  (``"calculator: 7 + 5 = 12; give the final answer as #### N"``) for a second turn.
-
-The last assistant text is the agent's output; ``judge`` scores it with the GSM8K
-answer check. Run by the ``localhost`` loop::
-
-    agent_loop:
-      name: localhost
-      options:
-        agent: rltool.agents.calculator:run
-        judger: rltool.agents.calculator:judge
+Run by the ``localhost`` loop (``agent: rltool.agents.calculator:run``,
+``judger: rltool.agents.calculator:judge``). Design: docs/agent-loops.md#the-calculator-agent
 """
 
 from __future__ import annotations

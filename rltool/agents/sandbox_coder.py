@@ -1,18 +1,7 @@
 """The scripted coding agent of the ``sandbox`` loop. Runs INSIDE a sandbox; stdlib only.
 
-The sandbox loop binds this file read-only at ``/agent/sandbox_coder.py`` and runs
-it with a plain Python (no packages: ``/usr/bin/python3`` or the bound host
-interpreter) in the task's work dir. It reads the task from ``$RLTOOL_TASK_FILE``
-(``{"prompt", "solution_file", "max_turns"}``) and talks to the session server
-over the Unix socket ``$RLTOOL_SESSION_SOCKET`` with ``http.client`` (OpenAI chat
-format, route ``$RLTOOL_BASE_URL``'s path). Each turn: ask for the solution, write
-the reply's last ```` ```python ```` block (or the whole reply) to the solution
-file, run that file; when running it fails and turns are left, send the error
-back for another try. The check command judges the file afterwards.
-
-Exit status: 0 when the agent finished its turns (whatever the solution's
-quality), non-zero when it could not talk to the model (the loop then marks the
-sample FAILED).
+Exit status: 0 when it finished its turns, non-zero when it could not talk to the model.
+Design: docs/agent-loops.md#the-sandbox-coder-agent
 """
 
 from __future__ import annotations

@@ -7,9 +7,7 @@ Layout under ``<run_dir>/checkpoints/``::
                                    producer (replay buffer, accounting, prompt position)
     latest                  name of the newest complete checkpoint
 
-A checkpoint is written into a hidden temporary directory and renamed into
-place; ``latest`` is replaced atomically afterwards. A crash at any point leaves
-``latest`` naming the previous complete checkpoint.
+Design: docs/app.md#checkpoints
 """
 
 from __future__ import annotations

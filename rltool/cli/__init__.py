@@ -1,0 +1,1 @@
+"""The Typer app: one small module per ``rltool`` command."""

@@ -1,0 +1,1 @@
+"""The typed recipe (one dataclass per section) and its OmegaConf loader."""

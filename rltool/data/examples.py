@@ -1,10 +1,7 @@
 """Load task records (``{"question": ..., "answer": ..., ...}``) from local files.
 
-``.jsonl`` files hold one JSON object per line (blank lines skipped); ``.parquet``
-files one record per row. Every record must carry a string ``question`` and an
-``answer`` (string or number); other fields pass through untouched. A bad record
-is a ValueError naming the file and the line (JSONL, 1-based) or row (Parquet,
-0-based). ``builtin:`` paths are resolved by ``rltool.models``.
+``.jsonl`` or ``.parquet``; a bad record is a ValueError naming the file and line or row.
+Design: docs/foundations.md#task-records
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The built-in demo: tiny GSM8K-format data, its tokenizer and the warm-started model."""

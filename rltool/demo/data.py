@@ -1,23 +1,7 @@
 """Tiny grade-school arithmetic word problems in GSM8K format.
 
-Each problem is one operation on small operands (a sum of two numbers from 1 to
-5, a difference of at least 1 from a number up to 6, or a product of two factors
-from 2 to 5), wrapped in one of a handful of phrasings, with a short answer in
-GSM8K's format::
-
-    {"question": "Tom has 4 apples and buys 5 more. How many apples does Tom have?",
-     "answer": "4 + 5 = 9\\n#### 9"}
-
-The table is small on purpose (25 sums, 15 differences, 16 products): the warm
-start copies the operands right and misses arithmetic facts, and RL learns a
-fact from that fact's own samples, so a few dozen steps must visit each fact
-several times. With sums up to 9 + 9 (133 facts) held-out accuracy rose 0.33 ->
-0.405 in 40 steps; with this table 0.315 -> 0.485.
-
-The shipped files under ``rltool/demo/data/gsm8k_tiny/`` come from
-``generate_split(seed=0)``; ``python -m rltool.demo.data`` rewrites them byte for
-byte. Train and test never share a question (they may share an arithmetic
-fact: the held-out test measures the phrasing, not unseen sums).
+``python -m rltool.demo.data`` rewrites the shipped files byte for byte.
+Design (why the table is this small): docs/demo.md#the-demo-data
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The built-in demo model ``builtin:tiny-gsm8k``: a ~3M-parameter Qwen2 warm-started by SFT.
 
-RL only moves a policy that is sometimes right, so the demo checkpoint is a
-tiny Qwen2-style model trained briefly (about 30 s on two CPU cores) on the
-chat-formatted train split, to roughly a third greedy accuracy on the held-out
-split: enough reward signal for GRPO, and plenty of room above it.
-
-``build_demo_checkpoint`` writes an ordinary Hugging Face checkpoint (the
-trainer loads it exactly as it loads a user's), plus the SFT AdamW state in
-``optimizer.pt``: continuing RL from the warm-start optimizer state learns much
-faster than from a fresh AdamW. ``ensure_demo_checkpoint`` builds it once into
-the cache and returns the path.
+``ensure_demo_checkpoint`` builds it once into the cache and returns the path.
+Design: docs/demo.md#the-demo-model
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The shipped gsm8k_tiny files split by operation, for the multi-task demo recipe.
 
-Each problem of ``gsm8k_tiny/{train,test}.jsonl`` is one sum, difference or
-product (its answer starts ``"a <op> b = c"``); this module writes the problems
-of each operation, in their original order and bytes, to
-``gsm8k_tiny/{add,sub,mul}_{train,test}.jsonl``. Those files are what
-``recipes/gsm8k_tiny_multitask.yaml`` trains on as three tasks;
 ``python -m rltool.demo.tasks_split`` rewrites them byte for byte.
+Design: docs/demo.md#the-multi-task-split
 """
 
 from __future__ import annotations

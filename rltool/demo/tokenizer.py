@@ -1,10 +1,6 @@
 """The demo tokenizer: byte-level BPE with single-digit tokens and a ChatML template.
 
-Digits are split one per token before the byte-level step, so every number is
-spelled digit by digit (the tiny model learns arithmetic on digits, not on
-arbitrary merges). Trained on the shipped train split in about a tenth of a
-second; the result is an ordinary ``PreTrainedTokenizerFast`` that
-``save_pretrained`` / ``AutoTokenizer.from_pretrained`` round-trip.
+Design: docs/demo.md#the-demo-tokenizer
 """
 
 from __future__ import annotations

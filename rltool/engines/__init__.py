@@ -1,0 +1,1 @@
+"""Rollout engines: the ``RolloutEngine`` interface, its registry, the HF engine, the batcher."""

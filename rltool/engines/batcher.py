@@ -1,12 +1,7 @@
 """Batches concurrent generate requests into engine calls: one key, one core, two front ends.
 
-Requests that agree on ``sampling_key`` (every sampling knob but the token budget)
-share one ``engine.generate``, run with the largest budget among them; each result
-is cut to its own request's budget. Cutting a sample after ``m`` tokens gives
-exactly the distribution of sampling ``m`` tokens, so this changes no result. An
-engine error reaches every request of its call. Two front ends gather requests:
 ``GenerationBatcher`` (threads: the session server) and ``AsyncGenerationBatcher``
-(coroutines of one event loop: the verl agent loop).
+(coroutines: the verl agent loop). Design: docs/engines.md#batching-concurrent-requests
 """
 
 from __future__ import annotations

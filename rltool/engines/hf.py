@@ -1,28 +1,8 @@
 """In-process rollout engine on Hugging Face ``generate``.
 
-In a synchronous run the engine samples from the very model object the trainer
-updates, so its weights are always the trainer's current ones: ``sync_weights``
-only records the train step that stamps the generated tokens. In an
-asynchronous run it owns a copy of the model and takes the trainer's weights
-with ``load_weights``; with ``chunk_tokens`` set, every ``chunk_tokens`` new
-tokens is a pause point: when weights arrived meanwhile, the call stops there,
-takes them and continues the unfinished rows from their tokens so far (partial
-rollouts), each token keeping the version that produced it. Without new weights
-it does not stop, so the KV cache is rebuilt only when the weights changed.
 Shape legend: B = sequences in a batch, P = padded context length,
 T = generated steps, V = vocabulary.
-
-Logprobs follow the trainer's convention: ``log_softmax(raw_logits / t)`` at
-the chosen token, with ``t`` the sampling temperature (1 for greedy), computed
-from the model's raw logits before top-p/top-k filtering.
-
-Repeated contexts share their prefill (``hf_prefill``); a sequence ends at its first
-EOS or stop string (``hf_stopping``), whose tokens are kept, padding and anything
-after them dropped.
-
-Seeding: ``generate`` samples from torch's global RNG; seed it with
-``torch.manual_seed`` (the trainer does so once at start) for reproducible
-rollouts.
+Design (weights and partial rollouts, logprobs, seeding): docs/engines.md#the-hugging-face-engine
 """
 
 from __future__ import annotations

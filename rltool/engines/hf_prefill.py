@@ -1,10 +1,7 @@
 """Left padding and the shared prefill of repeated contexts for Hugging Face ``generate``.
 
-A GRPO group sends its prompt ``group_size`` times: ``SharedPrefill`` runs each
-distinct context but its last token through the model once, copies the KV cache
-out to its repeats, and ``generate`` continues from that cache with only the last
-token left to prefill. Models whose cache is not a plain ``DynamicCache`` take the
-unshared path. Shape legend: B = rows, U = distinct contexts, P = padded length.
+Shape legend: B = rows, U = distinct contexts, P = padded length.
+Design: docs/engines.md#shared-prefill
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Split one batch between tasks by weight (multi-task recipes).
 
-Each task's quota is ``total * w / sum(w)``. Every task gets the floor of its
-quota; the groups left over go one each to the largest remainders, ties to the
-task listed first. The result sums exactly to ``total``, and a task never gets
-more than one group above or below its quota. Arithmetic is exact (Fraction),
-so equal weights really tie.
-
-Worked: total 10, weights 1:1:1 -> quotas 3.33 each -> floors 3, 3, 3, one
-left, remainders tie -> 4, 3, 3. Total 7, weights 0.5/0.3/0.2 -> quotas
-3.5, 2.1, 1.4 -> floors 3, 2, 1, one left to the largest remainder (0.5) -> 4, 2, 1.
+Floors of the quotas, then one group each to the largest remainders (ties to the task
+listed first), in exact arithmetic. Design: docs/production.md#splitting-a-batch-between-tasks
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Where rollouts are generated: the interface the producer drives.
 
-Two backends implement it: ``InProcessBackend`` (the default on one machine:
-engine and agent loops in this process, generation on a background thread in
-async mode) and ``RayBackend`` (``rollout.backend: ray``: rollout workers,
-each an engine plus the agent loops, as Ray actors). The producer and the
-trainer see only this interface, so both backends train the same way.
-
-A request is one group: one prompt of one task, ``n`` samples. Results come
-back as ``GroupOutcome`` in completion order, not submission order. A request
-whose worker died or raised comes back with ``error`` set and no group: the
-producer retries it or counts it failed, never drops it silently.
-
-Weights: ``update_weights`` hands the trainer's weights, stamped with the train
-step that produced them, to every worker. Generation in flight is not
-cancelled: with ``rollout.chunk_tokens`` set, it pauses at the next chunk
-boundary, takes the new weights and continues, so one response carries the
-versions of the weights that produced each of its tokens (e.g. ``[1, 3, 3]``).
+Implemented by ``InProcessBackend`` and ``RayBackend``; a request is one group, results
+come back as ``GroupOutcome`` in completion order. Design: docs/production.md#rollout-backends
 """
 
 from __future__ import annotations

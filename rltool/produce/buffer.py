@@ -1,29 +1,8 @@
 """Replay buffer: generated groups waiting between the producer and the trainer.
 
-The buffer holds GROUPS (one ``list[RolloutState]`` per prompt), never loose
-samples, in three queues named by what they hold:
-
-- ``completed``: every member COMPLETED; served by ``take`` to build a batch;
-- ``aborted``: a member was interrupted (e.g. by a weight sync); the producer
-  takes them back with ``take_aborted`` to resume them (partial rollouts);
-- ``expired``: groups that grew too stale, reset to their prompts (status
-  INIT) with ``expired: retry``; the producer takes them back with
-  ``take_expired`` and regenerates them under the same ids.
-
-Staleness (data-contract section 6) is baked into a completed group's labels
-once, when ``take`` serves it for training, with the train step it trains at;
-``put`` only reads staleness to expire a group that is already too old. A group
-expires when any member does; then the WHOLE group is retried or dropped
-(``expired: retry | drop``). Resetting the whole group,
-not just the expired member, is simplest and safe: a group-relative advantage
-needs its members drawn from comparable policies, and a group trains whole or
-not at all (contract 5.1). Aborted groups are not baked: a partial group is
-baked when it comes back completed.
-
-Groups with a FAILED or FILTERED member are counted and dropped at ``put``:
-they would only be skipped by the controller. ``state_dict`` holds every
-queued group as JSON lines, so a resumed run loses no generated group.
-An optional ``Accounting`` records every move the buffer makes.
+Groups, never loose samples, in three queues: ``completed``, ``aborted``, ``expired``;
+staleness is baked once, when ``take`` serves a group for training.
+Design: docs/production.md#the-replay-buffer
 """
 
 from __future__ import annotations
@@ -123,7 +102,7 @@ def _min_model_step(group: Sequence[RolloutState]) -> float:
 
 
 class ReplayBuffer:
-    """Generated groups by queue (completed, aborted, expired); see the module docstring."""
+    """Generated groups by queue: completed, aborted, expired (docs/production.md)."""
 
     def __init__(self, cfg: BufferConfig | None = None, accounting: Accounting | None = None):
         self.cfg = cfg or BufferConfig()

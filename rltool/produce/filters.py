@@ -1,12 +1,6 @@
 """Group filters and refilling a batch from over-sampled groups (DAPO's dynamic sampling).
 
-A group filter looks at one COMPLETED group and says whether it is worth
-training. ``zero_variance`` drops a group whose members all scored the same:
-every group-relative estimator (GRPO, Dr.GRPO, RLOO) gives it advantage 0 on
-every token, so it would cost a forward and backward for no gradient. The
-producer over-samples (``oversample``) so that enough groups survive, and
-``fill_batch`` keeps the first ``target`` survivors; the surplus goes back to
-the replay buffer for the next step.
+Design: docs/production.md#group-filters
 """
 
 from __future__ import annotations

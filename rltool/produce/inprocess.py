@@ -1,17 +1,7 @@
 """The default rollout backend: one ``RolloutWorker`` in this process.
 
-Sync mode (``produce.mode: sync``): the worker shares the trainer's model object
-(no copy; ``update_weights`` only stamps the step) and ``collect`` generates
-everything submitted, in the calling thread: exactly the old generate-then-train
-step, same RNG draws, same samples.
-
-Async mode: the worker owns a copy of the model and generates on one
-background thread while the trainer trains; ``update_weights`` loads the
-trainer's weights into the copy (at the next chunk boundary when a generation
-is running). Each ``submit`` is one job, so the requests of one call are
-generated as one batch. Torch's thread count is process-wide, so async mode
-sets it to half the cores: the trainer and the generator each run their ops
-on that many threads (1 each on 2 cores) instead of oversubscribing them.
+Sync mode shares the trainer's model; async mode generates on a copy, on a background
+thread. Design: docs/production.md#the-in-process-backend
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The producer: prompts in, one train batch per step out, through a rollout backend.
 
-One strategy, two settings of how far generation runs ahead of training:
-
-- ``sync`` (lookahead 0): draw this step's prompts, generate every group,
-  then build the batch: generate, train, repeat. On-policy: staleness 0.
-- ``async`` (lookahead ``produce.max_inflight_steps``): after a batch is
-  served, enough prompts for the next steps are submitted at once, so they
-  generate while this step trains; the trainer's weights reach the rollout
-  workers every ``algorithm.sync_interval`` steps, and a generation running
-  at a sync continues with the new weights at its next chunk boundary.
-
-Every generated group goes through the replay buffer (which bakes staleness
-and expires groups too old to train), then the group filter; the batch is the
-first ``data.prompts_per_step`` survivors. Over-sampling
-(``produce.oversample``) draws extra groups per step; survivors beyond the
-batch stay buffered for the next step, and new prompts are drawn only to top
-the groups buffered or in flight up to what the next steps need. Every sample is followed by an
-``Accounting`` from the moment its group comes back to its fate: a group whose
-generation failed is retried once, then counted FAILED; an expired group is
-regenerated under the same ids (``expired: retry``) or dropped.
+``sync`` (generate, train, repeat) or ``async`` (generation runs ahead of training by
+``produce.max_inflight_steps``); every sample is accounted for.
+Design: docs/production.md#the-producer
 """
 
 from __future__ import annotations

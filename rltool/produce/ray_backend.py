@@ -1,26 +1,7 @@
 """``rollout.backend: ray``: rollout workers as Ray actors.
 
-Each actor holds one ``RolloutWorker`` (an engine plus the agent loops of every
-task) in its own process, with ``torch.set_num_threads(rollout.worker_threads)``.
-``submit`` cuts a list of requests into one contiguous batch per worker (least
-loaded first), so each worker generates its share in one batched call;
-``collect`` waits on those calls with ``ray.wait``.
-
-Weights: ``update_weights`` puts the state dict in Ray's object store once and
-every actor loads that one copy. Generation and weight loading run in separate
-concurrency groups of the actor (one thread each), so weights reach a worker
-while it generates: the engine applies them at its next chunk boundary
-(partial rollouts).
-
-Worker death: a call that fails because its actor died (``RayActorError``:
-killed, crashed, out of memory) returns every request of that call as a
-``GroupOutcome`` with ``error`` set; the worker is replaced by a new actor
-under the same name that starts from the current weights (the call that
-noticed the death waits until the replacement answers, so a replacement that
-cannot start fails here), and the restart is counted in ``health_metrics``
-and reported once by ``pop_deaths`` (every group the dead worker had in
-flight carries that death's ``error``). No request is dropped: each comes
-back exactly once, as a group or as an error.
+A dead worker is replaced and every request it held comes back as an error, never
+dropped. Design: docs/production.md#the-ray-backend
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Starting or joining the Ray cluster that the rollout workers run on.
 
-``rollout.ray_address: null`` (the default) starts a local Ray in this process:
-no dashboard, warnings only, token auth off (``RAY_AUTH_MODE=disabled``: the
-cluster lives on this machine and only this run uses it) and no usage stats.
-A ``ray_address`` joins that cluster instead (``auto``, ``HOST:PORT`` or
-``ray://HOST:PORT``); its nodes need rltool installed. A Ray this process is
-already connected to (``ray.init`` called by the user or a test) is reused
-and left running.
+Design: docs/production.md#starting-or-joining-ray
 """
 
 from __future__ import annotations

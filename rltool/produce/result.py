@@ -1,10 +1,7 @@
 """What one produce call hands the trainer, and where every sample taken from the dataset went.
 
-``ProduceBatchResult`` is the grouped batch plus the figures the producer logs
-(``metrics()``, keys ``produce/...``). ``Accounting`` follows each sample, by
-``rollout_id``, from the moment it is taken from the dataset to its fate, so a
-test (or a debugging run) can check that every sample is counted exactly once:
-never lost between the producer, the buffer and the trainer, never trained twice.
+``ProduceBatchResult`` (the grouped batch and its ``produce/...`` figures) and
+``Accounting``. Design: docs/production.md#accounting-and-the-produce-result
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The tasks of a recipe: each with its own agent loop, data files and share of the batch.
 
-A recipe either lists ``tasks:`` or, when that list is empty, is one task built
-from ``agent_loop`` + ``data.train_files``/``data.eval_files`` and named by
-``agent_loop.options.task_name``, else after its loop (``agent_loop.name``).
-Every sample a task's loop produces carries ``task_name == spec.name``: that
-name keys ``algorithm.task_adv_weight``, the per-task metrics (``task/<name>/...``)
-and the per-task evaluation (``eval/<name>/...``).
+Design: docs/production.md#tasks
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """On-policy distillation at production time: a teacher scores the student's own samples.
 
 Shape legend: T = len(input_ids) of one sample, N = tokens in one packed row of the
-teacher's forward, V = vocabulary, K = top-k width.
-
-Before the groups reach the replay buffer the ``TeacherScorer`` runs one no-grad
-forward of the teacher over every COMPLETED sample and writes ``teacher_targets``.
-Like every per-position field they are unshifted (data contract section 2):
-position t describes the token AT t, ``input_ids[t]``, exactly as ``logprobs[t]``
-does, so it is read from the teacher's logits at t - 1 (which predict token t)::
-
-    input_ids        [ a,    b,       c,       d      ]
-    teacher logits     z0    z1       z2       (z3 predicts past the end: unused)
-    teacher_targets  [ -- , f(z0),   f(z1),   f(z2)   ]    f = top-k, or logp of the token
-
-Position 0 holds a placeholder (``input_ids[0]`` in every column, logprob 0.0) and is
-never read: the conversion's one shift drops it. The losses that use these targets
-are ``rltool.training.distill``'s.
+teacher's forward, V = vocabulary, K = top-k width. Design: docs/production.md#teacher-scoring
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """A rollout worker: an engine plus the agent loops of every task; no trainer, no optimizer.
 
-Both backends wrap it: ``InProcessBackend`` calls it in this process (on a
-background thread in async mode), ``RayBackend`` holds one per Ray actor. The
-engine is the one ``rollout.engine`` names (``rltool.engines.registry``).
-``generate`` batches the requests that share a task, group size and sampling
-into ONE ``generate_groups`` call (one batched engine call), and never raises
-for a loop's failure: the requests of a batch whose loop raised come back as
-outcomes with ``error`` set, so the producer can retry them or count them failed.
+Design: docs/production.md#the-rollout-worker
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The one place rich consoles are made, with rltool's shared theme.
 
-Every view renders through ``make_console`` so styles mean the same thing
-everywhere: ``error`` red, ``warning`` yellow, ``ok`` green, ``path`` for
-file:line locations, ``field`` for a field name, ``muted`` for secondary text.
-Reports go to stdout; progress bars and diagnostics go to stderr so that
-machine output on stdout (``--format json``) stays clean.
+Reports go to stdout; progress bars and diagnostics go to stderr.
+Design: docs/app.md#the-console
 """
 
 from __future__ import annotations

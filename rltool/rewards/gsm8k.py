@@ -1,12 +1,7 @@
 """GSM8K answer checking: extract the final number, compare it with the ground truth.
 
-Plain numbers (``42``, ``-1,234.5``, ``3/4``) are compared exactly with
-``Fraction``; anything else (a LaTeX ground truth, an expression after ``####``)
-goes to math-verify. math-verify's own timeouts use ``signal.alarm``, which
-fails outside the main thread, so they are disabled and the call runs in a
-worker thread under our deadline instead. A reward that cannot be computed
-(exception, timeout, unparsable ground truth) is a ``status="error"`` result
-with the message, never a silent 0.0: the loop marks that sample FAILED.
+A reward that cannot be computed is a ``status="error"`` result, never a silent 0.0.
+Design: docs/foundations.md#gsm8k-answer-checking
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Run agent commands in a bubblewrap sandbox: no network, read-only system, private /work.
 
-See ``rltool.sandbox.bwrap`` for what a sandbox can see and ``rltool.sandbox.limits``
-for what bounds it.
+Design (what a sandbox can see, what bounds it, how it ends): docs/sandbox.md
 """
 
 from rltool.sandbox.bwrap import SandboxError

@@ -1,47 +1,8 @@
 """The bubblewrap command line of one sandbox, and the user namespace it runs in.
 
-What the sandbox sees (everything else of the host does not exist inside):
-
-- ``/usr`` and ``/etc`` read-only, plus ``/bin``, ``/sbin``, ``/lib*`` as the
-  host has them (merged-/usr symlinks or read-only binds). A whitelist rather
-  than ``--ro-bind / /`` with holes punched in it: the host root holds /root and
-  /home (credentials, the Python install here), /work (the project), /run,
-  /var/run and /tmp (Unix sockets reach host services whatever the network
-  namespace), /mnt, /srv, /var/lib; a deny list silently goes stale when the host
-  grows a path, a whitelist fails closed. /etc stays readable because libc, ld.so
-  and certificates need it; its secrets (shadow, ssh host keys) are root-only
-  files and the sandboxed command runs as uid 65534 with no capabilities.
-- ``/work``: the sandbox's private work dir (a fresh host dir), read-write.
-- ``/tmp`` and ``/dev/shm``: tmpfs capped at ``tmp_bytes``; ``/proc`` of its own
-  pid namespace; a minimal ``/dev`` remounted read-only; the root itself is
-  remounted read-only so nothing else can be written (tmpfs is host memory).
-- Optionally extra read-only binds and the session socket at
-  ``/run/rltool/session.sock``.
-
-Namespaces: new user, pid, net (loopback only), ipc, uts and cgroup namespaces;
-``--die-with-parent``, ``--new-session`` (no terminal injection), all
-capabilities dropped, NO_NEW_PRIVS (bwrap always sets it; binds are nosuid).
-
-Lifetime: nothing inside may outlive the run. bwrap's init (pid 1 of the
-sandbox's pid namespace) waits for every process inside, so the sandbox would
-live on after the command exits if a background process remained; but bwrap
-itself exits as soon as the command does, and its init dies with it
-(``--die-with-parent``), taking the whole pid namespace along. Joining a
-prepared user namespace (root, below) makes bwrap's init switch uid after
-setting that parent-death signal, which the kernel then clears; so as root,
-bwrap runs as pid 1 of a pid namespace of its own (``unshare --pid --fork
---kill-child``, itself killed if rltool dies: ``setpriv --pdeathsig``), and
-bwrap exiting or being killed tears down both namespaces. Either way, killing
-the process rltool started kills everything.
-
-Users: the command runs as uid/gid 65534 in a user namespace of its own, mapped
-to host uid 65534 when rltool runs as root (else to the caller's uid), never to
-host root: RLIMIT_NPROC does not apply to host root, so a sandbox mapped onto it
-could fork without bound. As root, bwrap cannot make that map itself (it maps
-the sandbox uid onto its own), so ``open_userns`` prepares the namespace and
-bwrap joins it with ``--userns``. (Starting bwrap as uid 65534 would map it too,
-but bwrap then cannot reach bind sources under root-only dirs, e.g. a Python
-under /root.)
+A whitelist of read-only system dirs, a private read-write ``/work``, capped tmpfs, new
+namespaces, no capabilities, uid 65534 (never host root); killing the process rltool
+started kills everything inside. Design: docs/sandbox.md#the-bubblewrap-command-line
 """
 
 from __future__ import annotations

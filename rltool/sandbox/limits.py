@@ -1,13 +1,8 @@
 """Resource limits of one sandboxed command, and the ``prlimit`` prefix that applies them.
 
-All limits but the wall clock are rlimits set inside the sandbox, after its user
-namespace exists, by ``prlimit`` exec'ing the command. Being rlimits they are
-per process, except ``max_processes``: RLIMIT_NPROC is counted per (user
-namespace, uid), and every sandbox gets a user namespace of its own, so it
-bounds the processes and threads of that one sandbox. The real memory bound of
-a sandbox is therefore ``max_processes * memory_bytes`` (plus its tmpfs), not
-``memory_bytes``. The wall clock is enforced by the host, which kills the
-sandbox's pid namespace.
+Every limit but the wall clock is an rlimit set inside the sandbox; the real memory bound
+of a sandbox is ``max_processes * memory_bytes`` (plus its tmpfs).
+Design: docs/sandbox.md#resource-limits
 """
 
 from __future__ import annotations

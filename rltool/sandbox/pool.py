@@ -1,10 +1,7 @@
 """SandboxPool: at most ``max_concurrent`` sandboxes at once, all killed and removed on close.
 
-Callers may run sandboxes from their own threads (``run``/``run_check`` block
-on a semaphore) or hand them to the pool's threads (``submit``/``map``).
-``close`` (also on leaving the ``with`` block, exception or KeyboardInterrupt
-included) kills every running sandbox; each run then deletes its own work dir
-on the way out, and ``close`` waits for the pool's threads to finish doing so.
+Run sandboxes from your own threads (``run``/``run_check``) or hand them to the pool's
+(``submit``/``map``). Design: docs/sandbox.md#the-pool
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Run commands in a bubblewrap sandbox: ``run_sandbox``, ``run_check`` and ``Sandbox``.
 
-One ``Sandbox`` owns one private work dir; each ``Sandbox.run`` is a fresh bwrap
-(new namespaces, new pid namespace) over that dir. When the command exits, bwrap
-exits and the sandbox's pid namespace goes with it, killing whatever the command
-left running; on timeout the host kills the process it started, with the same
-effect (see ``rltool.sandbox.bwrap``). No sandbox process outlives its ``run``.
+One ``Sandbox`` owns one private work dir; each ``Sandbox.run`` is a fresh bwrap over it,
+and no sandbox process outlives its ``run``. Design: docs/sandbox.md#runs-and-their-lifetime
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The OpenAI Chat Completions subset the session server speaks (non-streaming).
 
-Request fields read: ``messages``, ``tools``, ``temperature``, ``top_p``, ``top_k``
-(an extension), ``max_completion_tokens`` / ``max_tokens``, ``stop``, ``n`` (must
-be 1), ``stream`` (must be false). Other fields (``model``, ``tool_choice``,
-``seed``, ...) are accepted and ignored.
-
-Sampling: by default the distribution knobs (temperature, top_p, top_k) are the
-recipe's, whatever the agent asks, because the trainer scores tokens under the
-recipe's temperature; the agent's length limit (capped at the recipe's
-``max_new_tokens``) and stop strings apply. With ``honor_sampling`` the
-request's temperature, top_p and top_k apply too.
+By default the distribution knobs (temperature, top_p, top_k) are the recipe's, whatever
+the agent asks. Design: docs/agent-loops.md#the-chat-completions-subset
 """
 
 from __future__ import annotations

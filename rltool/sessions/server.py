@@ -1,24 +1,7 @@
 """The session server: an OpenAI-compatible HTTP endpoint that records each session.
 
-rltool starts it on loopback (a free port) and, optionally, on a Unix socket that
-a sandbox bind-mounts into an isolated agent. Each session has its own base URL,
-so the official ``openai`` client works unmodified::
-
-    server = SessionServer(engine, tokenizer, recipe.rollout.sampling).start()
-    session = server.open_session()
-    client = openai.OpenAI(base_url=server.base_url(session.session_id), api_key="-")
-    ... the agent runs ...
-    states = export(server.close_session(session.session_id), group_id, task, reward)
-
-Over the Unix socket the same routes answer any host name: an agent uses
-``base_url="http://localhost/s/<id>/v1"`` with a client whose transport dials the
-socket (``httpx.HTTPTransport(uds=path)``, ``curl --unix-socket path``). The socket
-file gets the process umask's permissions; the sandbox decides who may reach it.
-
-Routes: ``POST /s/{session_id}/v1/chat/completions``, ``GET /s/{session_id}/v1/models``
-and ``GET /health``. The stdlib HTTP server (a thread per connection) keeps the
-dependency footprint at zero; the engine work is serialised and batched by
-``rltool.engines.batcher.GenerationBatcher``, so the HTTP threads only parse, render and wait.
+On loopback and optionally on a Unix socket; each session has its own base URL, so the
+official ``openai`` client works unmodified. Design: docs/agent-loops.md#the-session-server
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """Token-exact recording of one agent session, turn by turn.
 
-Every chat request is rendered with the chat template (``add_generation_prompt``)
-to prompt ids. When the tokens recorded so far are a prefix of that render, only
-the new suffix is appended, as environment tokens (user and tool messages,
-template glue: label -100, logprob 0.0); the engine generates from the whole
-recorded sequence and the generated tokens are appended as supervised::
-
-    turn 1  render    [sys user <gen>]
-            recorded  [E   E    E    ][A A A A]                 E env: label -100, logprob 0
-    turn 2  render    [sys user <gen>  a a a a  /e tool <gen>]  (the reply re-rendered)
-            recorded  == render[:len(recorded)]  ->  append only the suffix
-            recorded  [E   E    E    ][A A A A][E  E    E    ][A A A]
-                                               A generated: label = id, engine logprob
-
-The engine is fed the recorded ids, never a re-render, so a segment is exactly
-the tokens the model saw and produced.
-
-Tokenization-only mismatch: sampled tokens need not be the tokenizer's canonical
-encoding of their text ("hel"+"lo" where a re-encode gives "hello"). When the
-render diverges from the recording but the diverging part decodes to the same
-text, the recorded tokens are kept and only what follows that text is appended.
-
-History rewrite: when the render does not extend the recording (the agent
-dropped, edited or summarised messages, or the template reformats the echoed
-reply), the current segment is left untouched and a new segment starts from the
-new render. All segments share the session id (one advantage cluster).
+Each turn appends only what the new render adds to the recorded tokens; the engine is fed
+the recorded ids, never a re-render. A render that does not extend the recording starts a
+new segment. Design: docs/agent-loops.md#token-exact-session-recording
 """
 
 from __future__ import annotations

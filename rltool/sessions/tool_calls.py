@@ -1,20 +1,7 @@
 """Tool calls in the Hermes / Qwen2.5 format, and a ChatML template that renders them.
 
-The model writes each call as a JSON object between tags, after optional text::
-
-    Let me add them.
-    <tool_call>
-    {"name": "add", "arguments": {"a": 2, "b": 3}}
-    </tool_call>
-
-``parse_reply`` turns that text into an OpenAI assistant message: ``content`` is
-the text before the first ``<tool_call>`` less one trailing newline, and each
-call's ``arguments`` is re-serialised with ``json.dumps`` (the template's
-``tojson``). ``TOOL_CHAT_TEMPLATE`` renders that message back to exactly the
-generated text when the model wrote the format as above (one newline between
-content and calls and between calls, nothing after the last call, JSON in
-``json.dumps`` layout). Any other layout still parses but re-renders
-differently, which the session records as a history rewrite.
+``parse_reply`` turns a reply into an OpenAI assistant message; ``TOOL_CHAT_TEMPLATE``
+renders it back to the generated text. Design: docs/agent-loops.md#tool-calls
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Advantage estimators over session clusters (data-contract section 5.2).
 
 Shape legend: C = clusters in the whole batch (all groups together), G = groups,
-M = members of one group.
-
-Within a group the cluster key is ``session_id`` if set, else ``rollout_id``;
-each cluster contributes one reward and every member of a cluster gets its
-cluster's advantage. An estimator maps the batch's cluster rewards and their
-group index to one advantage per cluster, in one vectorised pass (``np.bincount``
-per group, no loop over clusters). A group with a single cluster has no
-baseline: its advantage is 0 under every estimator, never NaN.
+M = members of one group. Design: docs/losses.md#advantage-estimators
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The policy loss: PPO/GRPO clipping, truncated IS, KL to a reference, aggregation.
 
 Shape legend: N = tokens in one packed row (one micro-batch), S = samples in it.
-Every function is pure and works on per-token tensors of one row; the loss mask
-is ``targets != -100`` and ``cu_seq_lens`` ([S + 1]) gives the sample boundaries.
-
-What the algorithm is, per supervised token t of a sample with advantage A::
-
-    r_t   = exp(logp_t - old_t)                       (new / old trainer policy)
-    pg_t  = max(-A r_t, -A clip(r_t, 1 - clip_low, 1 + clip_high))
-    pg_t  = min(pg_t, -A * dual_clip)                 only where A < 0 (dual clip)
-    w_t   = min(exp(old_t - rollout_t), tis_cap)      detached; 1 without rollout logprobs
-    loss  = agg(w * pg) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy)
-
-GRPO is this loss with ``clip_low == clip_high``; DAPO's clip-higher raises
-``clip_high``. ``old`` is the trainer's own recompute of the sampling policy and
-``rollout`` what the engine reported: w corrects the engine/trainer mismatch
-(truncated importance sampling), the clip bounds the step away from ``old``.
-
-Aggregation divides by *global* counts (the whole mini-batch), so summing the
-per-micro-batch losses, or their gradients, gives exactly the full mini-batch.
+Every function is pure and works on per-token tensors of one row.
+Design (the algorithm, written out): docs/losses.md#the-policy-loss
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """AdamW and the learning-rate schedule, built from ``OptimizerConfig``.
 
-The schedule is a multiplier of ``optimizer.lr`` per *train step* s (0-based;
-the policy updater steps the scheduler once per train step, whatever the number
-of mini-batches)::
-
-    s <  warmup_steps:  (s + 1) / warmup_steps                  linear warmup
-    s >= warmup_steps:  p = (s - warmup_steps) / (total_steps - warmup_steps)
-        constant  1
-        linear    m + (1 - m) (1 - p)
-        cosine    m + (1 - m) (1 + cos(pi p)) / 2               m = min_lr_ratio
-
-Checkpoints save ``optimizer.state_dict()`` and ``scheduler.state_dict()``
-(torch's own formats); a rebuilt pair that loads them continues exactly.
-A warm start (``optimizer.init_from_checkpoint``) takes only the AdamW moments
-from ``<model dir>/optimizer.pt``: the recipe's hyperparameters stay in force.
+Design (the schedule, checkpoints, warm starts): docs/losses.md#the-optimizer
 """
 
 from __future__ import annotations
@@ -110,7 +97,7 @@ def load_moments(optimizer: torch.optim.Optimizer, path: Path) -> None:
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int
 ) -> LambdaLR:
-    """LambdaLR stepping once per train step; see the module docstring for the shape."""
+    """LambdaLR stepping once per train step; the shape: docs/losses.md#the-optimizer."""
     _check(cfg)
     if total_steps < 1:
         raise ValueError(f"trainer.steps must be >= 1 to build a schedule, got {total_steps}")

@@ -1,14 +1,7 @@
 """What a verl-style agent loop reads at construction: its config, its tools, its class.
 
-verl's worker builds every loop (one per trajectory) with
-``loop_cls(trainer_config=DictConfigWrap(config), server_manager=...,
-tokenizer=..., processor=..., hf_model_type=..., dataset_cls=...,
-data_config=DictConfigWrap(config.data), tools=ToolListWrap(tools))``.
-``AgentLoopBase`` reads ``config.actor_rollout_ref.rollout`` (prompt_length,
-response_length, full_determinism, ...) and ``data_config`` (chat template
-kwargs); ``ToolAgentLoop`` reads ``rollout.multi_turn`` (turn limits, tool
-response length, the tool-call format) and ``tools.tools``. The wrappers here
-carry the same attributes as verl's, so the loops cannot tell them apart.
+The wrappers carry the same attributes as verl's, so the loops cannot tell them apart.
+Design: docs/agent-loops.md#the-loops-configuration
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The server manager a verl-style agent loop calls, backed by rltool's rollout engine.
 
-verl's loops call ``await server_manager.generate(request_id, prompt_ids=...,
-sampling_params=..., **multimodal_and_priority_kwargs)`` and read
-``token_ids``, ``log_probs``, ``num_preempted``, ``routed_experts`` and
-``extra_fields`` from the answer (verl's ``TokenOutput``). ``TrajectoryServer``
-answers with ``TokenOutput`` below, which carries the same attributes, and
-records every generation of its trajectory so that the adapter can stamp each
-generated token with the policy version that produced it.
-
-Sampling parameters arrive in verl's (vLLM-style) vocabulary and become an
-rltool ``SamplingConfig``; a parameter the engine cannot honour is a
-ValueError that names it, never silently dropped.
+Design: docs/agent-loops.md#the-server-manager
 """
 
 from __future__ import annotations
