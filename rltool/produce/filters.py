@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from rltool.registry import Registry
 from rltool.rollout.state import RolloutState, Status, group_status
@@ -49,29 +48,6 @@ def oversample(n: int, fraction: float) -> int:
     return math.ceil(round(n * (1.0 + fraction), 9))
 
 
-@dataclass(frozen=True, slots=True)
-class Filled:
-    """A batch refilled from over-sampled groups, in the order they were given."""
-
-    batch: list[Group]  # the first ``target`` groups that passed the filter
-    leftover: list[Group]  # passed, beyond the target: back to the buffer
-    filtered: list[Group]  # failed the filter; members marked FILTERED
-    target: int
-
-    @property
-    def short(self) -> int:
-        """Groups still missing from the batch (the producer generates more)."""
-        return self.target - len(self.batch)
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "produce/filter/kept": float(len(self.batch)),
-            "produce/filter/leftover": float(len(self.leftover)),
-            "produce/filter/filtered": float(len(self.filtered)),
-            "produce/filter/short": float(self.short),
-        }
-
-
 def apply_group_filter(groups: Sequence[Group], name: str) -> tuple[list[Group], list[Group]]:
     """Split COMPLETED groups into (kept, filtered); mark the filtered members FILTERED."""
     keep = GROUP_FILTERS.get(name)
@@ -94,11 +70,3 @@ def apply_group_filter(groups: Sequence[Group], name: str) -> tuple[list[Group],
             s.error = f"filtered by {name}"
         filtered.append(group)
     return kept, filtered
-
-
-def fill_batch(groups: Sequence[Group], target: int, filter_name: str = "zero_variance") -> Filled:
-    """Filter the groups, keep the first ``target`` survivors, hand back the rest."""
-    if target < 0:
-        raise ValueError(f"fill_batch: target must be >= 0 groups, got {target}")
-    kept, filtered = apply_group_filter(groups, filter_name)
-    return Filled(batch=kept[:target], leftover=kept[target:], filtered=filtered, target=target)

@@ -18,7 +18,7 @@ import torch
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
-from rltool.produce.filters import GROUP_FILTERS, fill_batch, oversample
+from rltool.produce.filters import GROUP_FILTERS, apply_group_filter, oversample
 from rltool.produce.result import (
     Accounting,
     Fate,
@@ -188,10 +188,10 @@ class Producer:
             self._receive(train_step, tally, want=short)
             served = self.buffer.take(short, train_step)
             self._regenerate_waiting(tally)  # groups that expired on the way out
-            filled = fill_batch(served, short, self.filter)
-            self._settle(filled.filtered, Fate.FILTERED)
-            tally.filtered_groups += len(filled.filtered)
-            batch += filled.batch
+            kept, filtered = apply_group_filter(served, self.filter)
+            self._settle(filtered, Fate.FILTERED)
+            tally.filtered_groups += len(filtered)
+            batch += kept
             if len(batch) < self.target and not self._more_coming():
                 if tally.refills == MAX_REFILLS:
                     break  # the filter keeps rejecting: train on fewer groups than asked

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from produce_fakes import group
 
-from rltool.produce.filters import GROUP_FILTERS, apply_group_filter, fill_batch, oversample
+from rltool.produce.filters import GROUP_FILTERS, apply_group_filter, oversample
 from rltool.rollout.state import Status
 
 
@@ -33,40 +33,24 @@ def names(groups: list) -> list[str]:
     return [g[0].group_id for g in groups]
 
 
-def test_fill_batch_refills_from_over_sampled_groups() -> None:
-    # target 3, over-sampled to oversample(3, 1.0) = 6 groups; groups 1 and 4 have no variance
+def test_filter_keeps_groups_with_variance_in_order() -> None:
+    # over-sampled to oversample(3, 1.0) = 6 groups; groups 1 and 4 have no variance
     scores = [(1.0, 0.0), (1.0, 1.0), (0.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.0, 1.0)]
     groups = [group(f"g{i}", scores=sc) for i, sc in enumerate(scores)]
     assert len(groups) == oversample(3, 1.0)
-    filled = fill_batch(groups, 3)
-    assert names(filled.batch) == ["g0", "g2", "g3"]
-    assert names(filled.leftover) == ["g5"]
-    assert names(filled.filtered) == ["g1", "g4"]
-    assert filled.short == 0
-    assert filled.metrics() == {
-        "produce/filter/kept": 3.0,
-        "produce/filter/leftover": 1.0,
-        "produce/filter/filtered": 2.0,
-        "produce/filter/short": 0.0,
-    }
-
-
-def test_fill_batch_short_of_target() -> None:
-    groups = [group("a", scores=(1.0, 0.0)), group("b", scores=(1.0, 1.0))]
-    filled = fill_batch(groups, 3)
-    assert (len(filled.batch), len(filled.leftover), len(filled.filtered)) == (1, 0, 1)
-    assert filled.short == 2  # the producer generates more
-    passthrough = fill_batch([group("c", scores=(1.0, 1.0))], 1, "none")
-    assert len(passthrough.batch) == 1 and not passthrough.filtered
+    kept, filtered = apply_group_filter(groups, "zero_variance")
+    assert names(kept) == ["g0", "g2", "g3", "g5"]
+    assert names(filtered) == ["g1", "g4"]
+    assert all(s.status == Status.FILTERED for g in filtered for s in g)
+    passthrough, none = apply_group_filter([group("c", scores=(1.0, 1.0))], "none")
+    assert len(passthrough) == 1 and not none
 
 
 def test_fill_batch_needs_completed_groups() -> None:
     g = group("x")
     g[0].fail("reward: timeout")
     with pytest.raises(ValueError, match="group x is FAILED, not COMPLETED"):
-        fill_batch([g], 1)
-    with pytest.raises(ValueError, match="target must be >= 0"):
-        fill_batch([], -1)
+        apply_group_filter([g], "zero_variance")
 
 
 def test_registry() -> None:

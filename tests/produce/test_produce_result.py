@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from produce_fakes import generate, group, ids, open_ids, queued_ids, sample
 
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
-from rltool.produce.filters import fill_batch
+from rltool.produce.filters import apply_group_filter
 from rltool.produce.result import (
     Accounting,
     Fate,
@@ -44,9 +44,9 @@ def test_reward_mean_is_over_completed_samples_before_filtering() -> None:
     assert rollout_metrics(produced)["rollout/reward_mean"] == 3.5 / 5
     assert rollout_metrics(produced)["rollout/failed"] == 1.0
     assert produced_totals(produced) == (8, 32)  # 8 samples x 4 response tokens
-    filled = fill_batch([kept, zero_var], 1)
+    survivors, _ = apply_group_filter([kept, zero_var], "zero_variance")
     # what a post-filter figure would see instead
-    assert rollout_metrics(filled.batch)["rollout/reward_mean"] == 0.5
+    assert rollout_metrics(survivors)["rollout/reward_mean"] == 0.5
     assert math.isnan(rollout_metrics([no_score])["rollout/reward_mean"])
 
 
@@ -179,12 +179,11 @@ def test_every_sample_is_accounted_for_exactly_once(seed: int, order: str, expir
         train_step = step + rng.randint(0, 3)  # the trainer may run ahead
         served = buf.take(GROUPS_PER_STEP, train_step)
         assert all(s.status == Status.COMPLETED for g in served for s in g)
-        filled = fill_batch(served, GROUPS_PER_STEP, "zero_variance")
-        assert not filled.leftover  # the producer takes no more than it needs
-        acct.move_groups(filled.filtered, Fate.FILTERED)
-        acct.move_groups(filled.batch, Fate.TRAINED)
-        by_fate[Fate.FILTERED] += ids(filled.filtered)
-        by_fate[Fate.TRAINED] += ids(filled.batch)
+        kept, filtered = apply_group_filter(served, "zero_variance")
+        acct.move_groups(filtered, Fate.FILTERED)
+        acct.move_groups(kept, Fate.TRAINED)
+        by_fate[Fate.FILTERED] += ids(filtered)
+        by_fate[Fate.TRAINED] += ids(kept)
 
     counts = acct.counts()
     queued = queued_ids(buf)
