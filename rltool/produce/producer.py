@@ -109,7 +109,7 @@ def failed_group(request: GroupRequest, rollout_ids: Sequence[str], error: str) 
 
 def staleness_metrics(batch: Sequence[Group], train_step: int) -> dict[str, float]:
     """Histogram of the staleness of every response token of the batch at ``train_step``."""
-    steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps]
+    steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps is not None]
     st = token_staleness(train_step, np.concatenate(steps) if steps else [])  # [N]
     return {
         "staleness/tokens_s0": float((st <= 0).sum()),
@@ -131,7 +131,9 @@ def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
         "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples)
         / max(len(samples), 1),
         "rollout/response_tokens_mean": float(
-            np.mean([len(s.response_ids or []) for s in samples]) if samples else 0.0
+            np.mean([0 if s.response_ids is None else len(s.response_ids) for s in samples])
+            if samples
+            else 0.0
         ),
     }
 

@@ -156,7 +156,7 @@ def raw_reward_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[float, 
 def produced_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[int, int]:
     """Samples and generated tokens (``response_ids``, environment tokens included)."""
     samples = [s for g in groups for s in g]
-    return len(samples), sum(len(s.response_ids or ()) for s in samples)
+    return len(samples), sum(0 if s.response_ids is None else len(s.response_ids) for s in samples)
 
 
 def time_stats(seconds: Sequence[float]) -> tuple[float, float, float]:

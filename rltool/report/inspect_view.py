@@ -105,7 +105,7 @@ def token_rows(
         )
     return TokenRows(
         input_ids=s.input_ids.tolist(),
-        target_ids=before.input_ids[1:],
+        target_ids=before.input_ids[1:].tolist(),
         kinds=target_kinds(s.targets, before.labels).tolist(),
         advantages=s.advantages.tolist(),
         logprobs=s.rollout_logprobs.tolist(),
