@@ -270,7 +270,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--groups", type=int, default=512)
     ap.add_argument("--pack-max-length", type=int, default=8192)
-    ap.add_argument("--rounds", type=int, default=3, help="each round times every contender once")
+    ap.add_argument("--rounds", type=int, default=5, help="each round times every contender once")
     ap.add_argument("--check-packs", type=int, default=16, help="packs compared with the reference")
     args = ap.parse_args()
 
