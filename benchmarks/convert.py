@@ -2,20 +2,22 @@
 
 Builds ``--groups`` groups of 8 samples of about 1k tokens (prompt 100-300, the
 rest response, half of the response supervised in spans, the rest environment
-output), twice with the same values: token fields as ``CachedList``s, as the
-agent loops' canonicalization builds them, and as plain lists, as io.py reads
-them. Converts both with ``rltool.training.convert.convert_groups``, and the
-plain lists with ``reference_convert`` below (plain Python loops over tokens,
-building lists, ``torch.tensor`` at the end; on plain lists because indexing a
-list subclass is slower, which would flatter the ratio). Checks that each
-conversion gives the reference's packs on a subset and its data_info, and prints
-tokens/s of each, the ratios, the share of the plain-list conversion spent only
-reading Python lists into arrays (the floor of any vectorised conversion of
-them), and the packer's padding waste.
+output) in the program, as an agent loop does (token fields are numpy arrays),
+and the same samples written to a JSONL file and read back with
+``rltool.rollout.io.read_groups``. Converts both with
+``rltool.training.convert.convert_groups``, and runs ``reference_convert`` below
+(plain Python loops over tokens, building lists, ``torch.tensor`` at the end) on
+the same samples with their token fields as plain Python lists, as it always ran
+(indexing a numpy array one element at a time is slower, which would flatter the
+ratio). Checks that each conversion gives the reference's packs on a subset and
+its data_info, and prints tokens/s of each, the ratios, the share of the
+conversion spent in the contract check, and the packer's padding waste.
 
 Times are CPU seconds of this process, the best of ``--rounds`` interleaved
 rounds (each times every contender once), so that other jobs on a shared machine
-disturb them less and alike; wall seconds are printed too.
+disturb them less and alike; wall seconds are printed too. The two conversions
+take turns running first after the reference: whichever runs first pays for the
+memory the reference gave back, about a third more time.
 
     python benchmarks/convert.py            # 512 groups x 8 samples, pack_max_length 8192
     python benchmarks/convert.py --groups 64
@@ -26,20 +28,22 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from rltool.packing import pack_lengths
-from rltool.rollout.cached_list import CachedList
+from rltool.rollout.contract import check_samples
+from rltool.rollout.io import read_groups, write_rollouts
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.batch import Pack, TrainBatch
 from rltool.training.convert import ConversionConfig, convert_groups
-from rltool.training.flat import concat_field
 
 GROUP_SIZE = 8
 VOCAB = 32_000
@@ -58,33 +62,8 @@ def _response_labels(rng: np.random.Generator, response: np.ndarray) -> np.ndarr
     return labels
 
 
-def _fill_fields(
-    state: RolloutState,
-    prompt: np.ndarray,
-    response: np.ndarray,
-    r_labels: np.ndarray,
-    r_lp: np.ndarray,
-    cached: bool,
-) -> None:
-    """Token fields assigned after construction: pydantic would copy a CachedList into a list."""
-    ignored, zeros = np.full(prompt.size, IGNORE_INDEX), np.zeros(prompt.size)
-    if cached:  # as build_prompt_response_fields joins them
-        p, r = CachedList.of(prompt), CachedList.of(response)
-        state.prompt_ids, state.response_ids = p, r
-        state.input_ids = CachedList.join(p, r)
-        state.labels = CachedList.join(CachedList.of(ignored), CachedList.of(r_labels))
-        state.logprobs = CachedList.join(CachedList.of(zeros), CachedList.of(r_lp))
-        return
-    state.prompt_ids, state.response_ids = prompt.tolist(), response.tolist()
-    state.input_ids = np.concatenate([prompt, response]).tolist()
-    state.labels = np.concatenate([ignored, r_labels]).tolist()
-    state.logprobs = np.concatenate([zeros, r_lp]).tolist()
-
-
-def make_groups(n_groups: int, seed: int = 0, cached: bool = False) -> list[list[RolloutState]]:
-    """``cached``: token fields as CachedLists, as ``canonicalize_train_fields`` builds them
-    from its arrays; else plain lists, one int object per value, as io.py reads them.
-    The same values either way."""
+def make_groups(n_groups: int, seed: int = 0) -> list[list[RolloutState]]:
+    """Samples built in the program from numpy arrays, as the agent loops build them."""
     rng = np.random.default_rng(seed)
     groups = []
     for g in range(n_groups):
@@ -95,17 +74,40 @@ def make_groups(n_groups: int, seed: int = 0, cached: bool = False) -> list[list
             response = rng.integers(0, VOCAB, total - prompt.size)
             r_labels = _response_labels(rng, response)
             r_lp = np.where(r_labels != IGNORE_INDEX, -rng.exponential(1.0, response.size), 0.0)
-            state = RolloutState(
-                rollout_id=f"g{g}-{k}",
-                group_id=f"g{g}",
-                prompt_ids=[],
-                reward={"score": float(rng.integers(0, 2))},
-                status=Status.COMPLETED,
+            group.append(
+                RolloutState(
+                    rollout_id=f"g{g}-{k}",
+                    group_id=f"g{g}",
+                    prompt_ids=prompt,
+                    response_ids=response,
+                    input_ids=np.concatenate([prompt, response]),
+                    labels=np.concatenate([np.full(prompt.size, IGNORE_INDEX), r_labels]),
+                    logprobs=np.concatenate([np.zeros(prompt.size), r_lp]),
+                    reward={"score": float(rng.integers(0, 2))},
+                    status=Status.COMPLETED,
+                )
             )
-            _fill_fields(state, prompt, response, r_labels, r_lp, cached)
-            group.append(state)
         groups.append(group)
     return groups
+
+
+def through_jsonl(groups: list[list[RolloutState]]) -> list[list[RolloutState]]:
+    """The groups written to a JSONL file and read back, as a rollout file is."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rollouts.jsonl"
+        for group in groups:
+            write_rollouts(path, group)
+        return read_groups(path)
+
+
+TOKEN_FIELDS = ("prompt_ids", "response_ids", "input_ids", "labels", "logprobs")
+
+
+def with_lists(s: RolloutState) -> RolloutState:
+    """The sample with plain-list token fields: the reference's input, as it always was
+    (``model_construct`` skips validation, which would make them arrays)."""
+    lists = {k: None if getattr(s, k) is None else getattr(s, k).tolist() for k in TOKEN_FIELDS}
+    return RolloutState.model_construct(**{**dict(s), **lists})
 
 
 # ---------------------------------------------------------------- the reference
@@ -245,13 +247,9 @@ def _same(a: Pack, b: Pack) -> bool:
     )
 
 
-def _read_lists(groups: list[list[RolloutState]]) -> None:
-    """Only read input_ids, labels and logprobs of every sample into arrays, as convert does."""
-    samples = [s for g in groups for s in g]
-    sizes = [len(s.input_ids) for s in samples]
-    concat_field(samples, "input_ids", sizes, "q", np.int64)
-    concat_field(samples, "labels", sizes, "q", np.int64)
-    concat_field(samples, "logprobs", sizes, "d", np.float64)
+def _check(groups: list[list[RolloutState]]) -> None:
+    """Only the contract check of every sample, as convert_groups screens them."""
+    check_samples([s for g in groups for s in g])
 
 
 @dataclass
@@ -276,29 +274,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--groups", type=int, default=512)
     ap.add_argument("--pack-max-length", type=int, default=8192)
-    ap.add_argument("--rounds", type=int, default=3, help="each round times every contender once")
+    ap.add_argument("--rounds", type=int, default=5, help="each round times every contender once")
     ap.add_argument("--check-packs", type=int, default=16, help="packs compared with the reference")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     groups = make_groups(args.groups)
-    cached_groups = make_groups(args.groups, cached=True)
-    print(f"built 2 x {args.groups} groups x {GROUP_SIZE} in {time.perf_counter() - t0:.1f} s")
+    built = time.perf_counter() - t0
+    read = through_jsonl(groups)
+    listed = [[with_lists(s) for s in g] for g in groups]
+    print(
+        f"built {args.groups} groups x {GROUP_SIZE} in {built:.1f} s; wrote and read them as "
+        f"JSONL in {time.perf_counter() - t0 - built:.1f} s"
+    )
     cfg = ConversionConfig(estimator="grpo", pack_max_length=args.pack_max_length)
 
     # interleaved rounds, so that every contender sees the same load on a shared machine
-    ours, listed, read, ref = _Timing(), _Timing(), _Timing(), _Timing()
-    for _ in range(args.rounds):
-        ours.run(lambda: convert_groups(cached_groups, cfg))
-        listed.run(lambda: convert_groups(groups, cfg))
-        read.run(lambda: _read_lists(groups))
-        ref.run(lambda: reference_convert(groups, args.pack_max_length))
-    batch, list_batch, (ref_packs, ref_info) = ours.out, listed.out, ref.out
-    c_ours, w_ours, c_list, w_list = ours.cpu, ours.wall, listed.cpu, listed.wall
-    c_read, c_ref, w_ref = read.cpu, ref.cpu, ref.wall
+    ours, from_jsonl, check, ref = _Timing(), _Timing(), _Timing(), _Timing()
+    for r in range(args.rounds):
+        # the conversion that runs first after the reference pays for the memory the
+        # reference gave back (page faults): alternate which one that is
+        pair = [(ours, groups), (from_jsonl, read)]
+        for timing, gs in pair if r % 2 == 0 else reversed(pair):
+            timing.run(lambda gs=gs: convert_groups(gs, cfg))
+        check.run(lambda: _check(groups))
+        ref.run(lambda: reference_convert(listed, args.pack_max_length))
+    batch, ref_packs, ref_info = ours.out, *ref.out
 
     n_check = min(args.check_packs, len(batch.packs))
-    for name, b in (("cached lists", batch), ("plain lists", list_batch)):
+    for name, b in (("in-program samples", batch), ("samples read from JSONL", from_jsonl.out)):
         _check_against_reference(name, b, ref_packs, ref_info, n_check)
 
     tokens = batch.num_tokens
@@ -307,18 +311,17 @@ def main() -> None:
     print(f"tokens (shifted)            {tokens:,} in {n_packs} packs <= {args.pack_max_length}")
     print(f"agree on                    {n_check} of {n_packs} packs, {n_keys} data_info keys")
     print(f"{'':28s}{'cpu s':>8s} {'cpu tokens/s':>14s} {'wall s':>8s} {'wall tokens/s':>14s}")
-    for name, c, w in (
-        ("convert_groups, CachedList", c_ours, w_ours),
-        ("convert_groups, plain lists", c_list, w_list),
-        ("per-token reference", c_ref, w_ref),
+    for name, t in (
+        ("convert_groups, in-program", ours),
+        ("convert_groups, from JSONL", from_jsonl),
+        ("per-token reference", ref),
     ):
-        print(f"{name:28s}{c:8.3f} {tokens / c:14,.0f} {w:8.3f} {tokens / w:14,.0f}")
-    print(f"speed-up, CachedList        {c_ref / c_ours:8.1f}x cpu, {w_ref / w_ours:.1f}x wall")
-    print(f"speed-up, plain lists       {c_ref / c_list:8.1f}x cpu, {w_ref / w_list:.1f}x wall")
-    print(
-        f"reading plain lists         {c_read:8.3f} s = {c_read / c_list:.0%} of convert_groups "
-        f"on them (alone it would be {c_ref / c_read:.0f}x the reference)"
-    )
+        print(
+            f"{name:28s}{t.cpu:8.3f} {tokens / t.cpu:14,.0f} {t.wall:8.3f} {tokens / t.wall:14,.0f}"
+        )
+    for name, t in (("in-program", ours), ("from JSONL", from_jsonl)):
+        print(f"speed-up, {name:18s}{ref.cpu / t.cpu:8.1f}x cpu, {ref.wall / t.wall:.1f}x wall")
+    print(f"contract check alone        {check.cpu:8.3f} s = {check.cpu / ours.cpu:.0%} of convert")
     print(f"padding waste               {waste:8.2%}")
 
 

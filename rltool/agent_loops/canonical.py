@@ -13,20 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from rltool.rollout.cached_list import CachedList
 from rltool.rollout.contract import check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 
-def _flat(values: Any, dtype: type) -> CachedList:
-    """A flat list of Python numbers from a list, tuple, numpy array or torch tensor.
+def _flat_logprobs(values: Any) -> np.ndarray:
+    """A flat float64 array from a list, tuple, numpy array or torch tensor (on any device).
 
     One C-level conversion: no Python loop over tokens on the generation path.
-    The list keeps its array, so the step's conversion need not read it back.
     """
-    if hasattr(values, "tolist"):  # a tensor (on any device) or an array
+    if hasattr(values, "tolist") and not isinstance(values, np.ndarray):  # a tensor
         values = values.tolist()
-    return CachedList.of(np.asarray(values, dtype=dtype))
+    return np.asarray(values, dtype=np.float64).reshape(-1)
 
 
 def build_prompt_response_fields(
@@ -40,24 +38,23 @@ def build_prompt_response_fields(
     logprobs = [0.0]*P + response_logprobs. Raises ValueError on bad input;
     ``canonicalize_train_fields`` turns that into a FAILED sample.
     """
-    prompt = _flat(state.prompt_ids, np.int64)
+    prompt = state.prompt_ids  # [P], an array since validation
     if state.response_ids is None:
         if state.response_text is None:
             raise ValueError("response_ids and response_text are both missing")
         if tokenize is None:
             raise ValueError("response_ids missing and no tokenizer to build them from text")
         state.response_ids = list(tokenize(state.response_text))
-    response = _flat(state.response_ids, np.int64)
-    state.prompt_ids, state.response_ids = prompt, response
-    state.input_ids = CachedList.join(prompt, response)
-    state.labels = CachedList.join(CachedList.of(np.full(len(prompt), IGNORE_INDEX)), response)
+    response = state.response_ids  # [R]
+    state.input_ids = np.concatenate([prompt, response])  # [P + R]
+    state.labels = np.concatenate([np.full(prompt.size, IGNORE_INDEX), response])  # [P + R]
     if response_logprobs is None:
         state.logprobs = None
         return
-    lp = _flat(response_logprobs, np.float64)
-    if len(lp) != len(response):
-        raise ValueError(f"{len(lp)} response logprobs for {len(response)} response tokens")
-    state.logprobs = CachedList.join(CachedList.of(np.zeros(len(prompt))), lp)
+    lp = _flat_logprobs(response_logprobs)  # [R]
+    if lp.size != response.size:
+        raise ValueError(f"{lp.size} response logprobs for {response.size} response tokens")
+    state.logprobs = np.concatenate([np.zeros(prompt.size), lp])  # [P + R]
 
 
 def canonicalize_prompt_response(

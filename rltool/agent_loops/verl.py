@@ -357,7 +357,9 @@ class VerlAgentLoop(AgentLoop):
         ok = [s.status == Status.COMPLETED for s in samples]
         scores = [s.score if o else None for o, s in zip(ok, samples, strict=True)]
         solved = np.array([x is not None and x >= SOLVED_SCORE for x in scores])  # [N]
-        lengths = np.array([len(s.response_ids or []) for s in samples], np.float64)  # [N]
+        lengths = np.array(
+            [0 if s.response_ids is None else len(s.response_ids) for s in samples], np.float64
+        )  # [N]
         truncated = np.array([s.finish_reason == "length" for s in samples], np.float64)  # [N]
         return {
             "eval/accuracy": float(solved.mean()),

@@ -97,7 +97,8 @@ def _mark_expired(s: RolloutState, train_step: int, reason: str) -> None:
 
 def _min_model_step(group: Sequence[RolloutState]) -> float:
     """Oldest policy version of any token of the group; +inf without model steps (never stale)."""
-    oldest = [min(s.response_model_steps) for s in group if s.response_model_steps]
+    steps = [s.response_model_steps for s in group if s.response_model_steps is not None]
+    oldest = [int(x.min()) for x in steps if x.size]
     return min(oldest, default=math.inf)
 
 

@@ -148,7 +148,7 @@ class GroupError:
 
 def staleness_metrics(batch: Sequence[Group], train_step: int) -> dict[str, float]:
     """Histogram of the staleness of every response token of the batch at ``train_step``."""
-    steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps]
+    steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps is not None]
     st = token_staleness(train_step, np.concatenate(steps) if steps else [])  # [N]
     return {
         "staleness/tokens_s0": float((st <= 0).sum()),
@@ -176,7 +176,9 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
         "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples)
         / max(len(samples), 1),
         "rollout/response_tokens_mean": float(
-            np.mean([len(s.response_ids or []) for s in samples]) if samples else 0.0
+            np.mean([0 if s.response_ids is None else len(s.response_ids) for s in samples])
+            if samples
+            else 0.0
         ),
     }
 
@@ -184,7 +186,7 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
 def produced_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[int, int]:
     """Samples and generated tokens (``response_ids``, environment tokens included)."""
     samples = [s for g in groups for s in g]
-    return len(samples), sum(len(s.response_ids or ()) for s in samples)
+    return len(samples), sum(0 if s.response_ids is None else len(s.response_ids) for s in samples)
 
 
 def time_stats(seconds: Sequence[float]) -> tuple[float, float, float]:

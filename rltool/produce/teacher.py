@@ -123,7 +123,7 @@ class TeacherScorer:
             split = zip(token_ids.split(sizes), logprobs.split(sizes), strict=True)
             for i, (ids_K, lps_K) in zip(row, split, strict=True):
                 out[i] = TeacherTargets(
-                    kind=kind, token_ids=ids_K.tolist(), logprobs=lps_K.tolist()
+                    kind=kind, token_ids=ids_K.cpu().numpy(), logprobs=lps_K.cpu().numpy()
                 )
         return out  # type: ignore[return-value]  # every index filled: rows cover all samples
 
@@ -132,6 +132,11 @@ class TeacherScorer:
 
         Samples of any other status are left alone: the conversion skips their groups.
         """
-        todo = [s for g in groups for s in g if s.status == Status.COMPLETED and s.input_ids]
+        todo = [
+            s
+            for g in groups
+            for s in g
+            if s.status == Status.COMPLETED and s.input_ids is not None and s.input_ids.size
+        ]
         for s, targets in zip(todo, self.score([s.input_ids for s in todo]), strict=True):
             s.teacher_targets = targets

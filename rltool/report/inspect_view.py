@@ -143,7 +143,7 @@ def token_rows(
         )
     return TokenRows(
         input_ids=s.input_ids.tolist(),
-        target_ids=list(state.input_ids[1:]),
+        target_ids=state.input_ids[1:].tolist(),
         kinds=target_kinds(s.targets, stale_T).tolist(),
         advantages=s.advantages.tolist(),
         logprobs=s.rollout_logprobs.tolist(),

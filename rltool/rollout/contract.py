@@ -1,21 +1,26 @@
-"""The invariants of data-contract section 4, checked with the field named.
+"""The invariants of data-contract section 4, checked on many samples at once.
 
-``check_sample`` covers invariants 1-6 and 8 for one sample; ``check_group``
-adds invariant 7 across a group. Both return every violation they find (never
-raise), so that ``validate-rollouts`` reports them all and the controller can
-skip a group with the reason. Per-position checks are vectorised with numpy.
+``check_samples`` checks invariants 1-6 and 8 of every sample on their token fields
+concatenated once (``rltool.rollout.fields``): numpy over all positions together,
+a Python loop over samples only, and every violation names its sample, field and
+first offending position. ``check_sample`` is the one-sample case, ``check_group``
+adds invariant 7 across a group. None of them raises: ``validate-rollouts`` reports
+every violation, an agent loop fails the sample, the conversion skips its group.
+
+Shape legend: S = samples, F = their positions concatenated, M = suspect positions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
 
-from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
+from rltool.rollout.fields import Block, TokenFields, concat_fields, first_per_segment, segments
+from rltool.rollout.state import RolloutState, Status
 
 LOGPROB_TOLERANCE = 1e-4  # engines round; a supervised logprob may be a hair above 0
 
@@ -39,154 +44,304 @@ class Violation:
         return f"{self.rollout_id}: {where}: {self.message} (invariant {self.invariant})"
 
 
-def _first(mask: np.ndarray) -> int | None:
-    idx = np.flatnonzero(mask)
-    return int(idx[0]) if idx.size else None
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What ``check_samples`` found."""
+
+    violations: list[list[Violation]]  # [S] each sample's, in check_sample's order
+    fields: TokenFields  # the samples whose lengths allow per-position checks
+    row_S: np.ndarray  # [S] each sample's index in ``fields``; -1 when not there
 
 
-def _check_lengths(s: RolloutState, out: list[Violation]) -> bool:
-    """Invariant 1. Returns whether per-position checks can go on."""
+_Found = list[tuple[int, Violation]]  # (sample index, violation) of one check
+
+
+# ---------------------------------------------------------------- one sample, no token loop
+
+
+def _reward(s: RolloutState) -> Violation | None:
+    """Invariant 6: a COMPLETED sample has a reward with a finite score."""
+    if s.status != Status.COMPLETED:
+        return None
+    score = None if s.reward is None else s.reward.get("score")
+    if score is None:
+        return Violation(s.rollout_id, "reward.score", "missing on a COMPLETED sample", 6)
+    if not isinstance(score, int | float) or not math.isfinite(score):
+        return Violation(s.rollout_id, "reward.score", f"not a finite number ({score!r})", 6)
+    return None
+
+
+def _lengths(s: RolloutState) -> list[Violation]:
+    """Invariant 1. Per-position checks go on only when it finds nothing."""
     rid = s.rollout_id
     if s.input_ids is None:
-        out.append(Violation(rid, "input_ids", "missing (canonical train fields not built)", 1))
-        return False
+        return [Violation(rid, "input_ids", "missing (canonical train fields not built)", 1)]
     if s.labels is None:
-        out.append(Violation(rid, "labels", "missing (canonical train fields not built)", 1))
-        return False
-    t = len(s.input_ids)
-    ok = True
+        return [Violation(rid, "labels", "missing (canonical train fields not built)", 1)]
+    t, out = len(s.input_ids), []
     if t < 2:
         out.append(Violation(rid, "input_ids", f"length {t}, need at least 2", 1))
-        ok = False
     if len(s.labels) != t:
         out.append(Violation(rid, "labels", f"length {len(s.labels)} != len(input_ids) {t}", 1))
-        ok = False
     if s.logprobs is not None and len(s.logprobs) != t:
         msg = f"length {len(s.logprobs)} != len(input_ids) {t}"
         out.append(Violation(rid, "logprobs", msg, 1))
-        ok = False
-    return ok
+    return out
 
 
-def _check_prompt_response(s: RolloutState, ids: np.ndarray, out: list[Violation]) -> None:
-    """Invariant 2: input_ids = prompt_ids + response_ids."""
-    rid, p = s.rollout_id, len(s.prompt_ids)
-    prompt = np.asarray(s.prompt_ids, dtype=np.int64)
-    if p > ids.size:
-        out.append(Violation(rid, "prompt_ids", f"length {p} > len(input_ids) {ids.size}", 2))
-        return
-    bad = _first(ids[:p] != prompt)
-    if bad is not None:
-        msg = f"input_ids[{bad}]={ids[bad]} but prompt_ids[{bad}]={prompt[bad]}"
-        out.append(Violation(rid, "prompt_ids", msg, 2, bad))
-    if s.response_ids is None:
-        out.append(Violation(rid, "response_ids", "missing", 2))
-        return
-    resp = np.asarray(s.response_ids, dtype=np.int64)
-    if resp.size != ids.size - p:
-        msg = f"length {resp.size} != len(input_ids) - len(prompt_ids) = {ids.size - p}"
-        out.append(Violation(rid, "response_ids", msg, 2))
-        return
-    bad = _first(ids[p:] != resp)
-    if bad is not None:
-        msg = f"response_ids[{bad}]={resp[bad]} but input_ids[{p + bad}]={ids[p + bad]}"
-        out.append(Violation(rid, "response_ids", msg, 2, bad))
-
-
-def _check_labels(
-    s: RolloutState, ids: np.ndarray, labels: np.ndarray, out: list[Violation]
-) -> None:
-    """Invariant 3: labels are -100 or the input id; -100 inside the prompt."""
-    rid = s.rollout_id
-    bad = _first((labels != IGNORE_INDEX) & (labels != ids))
-    if bad is not None:
-        msg = f"label {labels[bad]} is neither -100 nor input_ids[{bad}]={ids[bad]}"
-        out.append(Violation(rid, "labels", msg, 3, bad))
-    p = min(len(s.prompt_ids), labels.size)
-    bad = _first(labels[:p] != IGNORE_INDEX)
-    if bad is not None:
-        msg = f"prompt position supervised (label {labels[bad]}); prompt labels must be -100"
-        out.append(Violation(rid, "labels", msg, 3, bad))
-
-
-def _check_logprobs(s: RolloutState, labels: np.ndarray, out: list[Violation]) -> None:
-    """Invariant 4: finite; <= 0 where supervised; exactly 0.0 elsewhere."""
-    rid = s.rollout_id
-    lp = np.asarray(s.logprobs, dtype=np.float64)
-    bad = _first(~np.isfinite(lp))
-    if bad is not None:
-        out.append(Violation(rid, "logprobs", f"not finite ({lp[bad]})", 4, bad))
-        return
-    supervised = labels != IGNORE_INDEX
-    bad = _first(supervised & (lp > LOGPROB_TOLERANCE))
-    if bad is not None:
-        msg = f"logprob {lp[bad]:.6g} > 0 at a supervised position"
-        out.append(Violation(rid, "logprobs", msg, 4, bad))
-    bad = _first(~supervised & (lp != 0.0))
-    if bad is not None:
-        msg = f"logprob {lp[bad]:.6g} at an unsupervised position, must be 0.0"
-        out.append(Violation(rid, "logprobs", msg, 4, bad))
-
-
-def _check_model_steps(s: RolloutState, n_response: int, out: list[Violation]) -> None:
-    """Invariant 5: one version per response token, never decreasing."""
-    if s.response_model_steps is None:
-        return
-    rid, steps = s.rollout_id, np.asarray(s.response_model_steps, dtype=np.int64)
-    if steps.size != n_response:
-        msg = f"length {steps.size} != number of response tokens {n_response}"
-        out.append(Violation(rid, "response_model_steps", msg, 5))
-        return
-    bad = _first(np.diff(steps) < 0)
-    if bad is not None:
-        msg = f"decreases from {steps[bad]} to {steps[bad + 1]}"
-        out.append(Violation(rid, "response_model_steps", msg, 5, bad + 1))
-
-
-def _check_reward(s: RolloutState, out: list[Violation]) -> None:
-    """Invariant 6: a COMPLETED sample has a reward with a finite score."""
-    if s.status != Status.COMPLETED:
-        return
-    score = None if s.reward is None else s.reward.get("score")
-    if score is None:
-        out.append(Violation(s.rollout_id, "reward.score", "missing on a COMPLETED sample", 6))
-    elif not isinstance(score, int | float) or not math.isfinite(score):
-        out.append(Violation(s.rollout_id, "reward.score", f"not a finite number ({score!r})", 6))
-
-
-def _check_extras(s: RolloutState, t: int, out: list[Violation]) -> None:
+def _extras(s: RolloutState, t: int) -> list[Violation]:
     """Per-position extras have one entry per position of input_ids."""
-    rid = s.rollout_id
-    if s.routed_experts is not None and len(s.routed_experts) != t:
-        msg = f"length {len(s.routed_experts)} != len(input_ids) {t}"
-        out.append(Violation(rid, "routed_experts", msg, 1))
-    tt = s.teacher_targets
-    if tt is not None:
-        for name, rows in (("token_ids", tt.token_ids), ("logprobs", tt.logprobs)):
-            if len(rows) != t:
-                msg = f"length {len(rows)} != len(input_ids) {t}"
-                out.append(Violation(rid, f"teacher_targets.{name}", msg, 1))
+    rows = [("routed_experts", s.routed_experts)]
+    if s.teacher_targets is not None:
+        tt = s.teacher_targets
+        rows += [
+            ("teacher_targets.token_ids", tt.token_ids),
+            ("teacher_targets.logprobs", tt.logprobs),
+        ]
+    return [
+        Violation(s.rollout_id, name, f"length {len(a)} != len(input_ids) {t}", 1)
+        for name, a in rows
+        if a is not None and len(a) != t
+    ]
+
+
+@dataclass(slots=True)
+class _Shapes:
+    """What the per-sample length checks of the checkable samples found, and what the
+    per-position checks need from them."""
+
+    prompt: _Found  # invariant 2: prompt longer than input_ids
+    response: _Found  # invariant 2: response_ids missing or of the wrong length
+    steps: _Found  # invariant 5: one model step per response token
+    extras: _Found  # per-position extras: one entry per position
+    expected: list[tuple[np.ndarray, ...]]  # what input_ids must be: prompt_ids, response_ids
+    with_steps: list[bool]  # response_model_steps has one entry per response token
+
+
+def _shapes(samples: Sequence[RolloutState], rows: Sequence[int]) -> _Shapes:
+    """The length checks of the samples ``rows`` that need no token (invariants 2, 5, extras).
+
+    Where prompt_ids or response_ids cannot be lined up with input_ids, ``expected``
+    takes input_ids' own values there, so that no position check fires on top."""
+    out = _Shapes([], [], [], [], [], [])
+    for i in rows:
+        s = samples[i]
+        rid, ids, t, p = s.rollout_id, s.input_ids, len(s.input_ids), len(s.prompt_ids)
+        if p > t:
+            msg = f"length {p} > len(input_ids) {t}"
+            out.prompt.append((i, Violation(rid, "prompt_ids", msg, 2)))
+            out.expected.append((ids,))
+        elif s.response_ids is None:
+            out.response.append((i, Violation(rid, "response_ids", "missing", 2)))
+            out.expected.append((s.prompt_ids, ids[p:]))
+        elif len(s.response_ids) != t - p:
+            msg = f"length {len(s.response_ids)} != len(input_ids) - len(prompt_ids) = {t - p}"
+            out.response.append((i, Violation(rid, "response_ids", msg, 2)))
+            out.expected.append((s.prompt_ids, ids[p:]))
+        else:
+            out.expected.append((s.prompt_ids, s.response_ids))
+        steps = s.response_model_steps
+        fits = steps is not None and len(steps) == t - p
+        if steps is not None and not fits:
+            msg = f"length {len(steps)} != number of response tokens {t - p}"
+            out.steps.append((i, Violation(rid, "response_model_steps", msg, 5)))
+        out.with_steps.append(fits)
+        out.extras += [(i, v) for v in _extras(s, t)]
+    return out
+
+
+# ---------------------------------------------------------------- every position at once
+
+
+@dataclass(slots=True)
+class _Scan:
+    """Marks, block by block as the fields are copied, the positions where invariant 2,
+    3 (a foreign label) or 4 may fail: a few whole-block numpy operations each."""
+
+    expected: list[tuple[np.ndarray, ...]]  # [S] each sample's expected input_ids, in parts
+    suspect_F: np.ndarray  # [F] bool
+    differs_F: np.ndarray  # [F] bool, input_ids != prompt_ids + response_ids
+
+    def __call__(self, b: Block) -> None:
+        ids, labels, lp, supervised = b.input_ids, b.labels, b.logprobs, b.supervised
+        bad, differs = self.suspect_F[b.positions], self.differs_F[b.positions]
+        expected = np.concatenate([part for i in b.samples for part in self.expected[i]])
+        np.not_equal(expected, ids, out=differs)  # 2: prompt_ids + response_ids
+        np.not_equal(labels, ids, out=bad)
+        bad &= supervised  # 3: a label is -100 or its input id
+        bad |= differs
+        tmp, ok = np.not_equal(lp, 0.0), np.less_equal(lp, LOGPROB_TOLERANCE)
+        np.greater(tmp, supervised, out=tmp)  # 4: not 0.0 where not supervised
+        bad |= tmp
+        ok &= np.greater(lp, -np.inf, out=tmp)  # 4: finite and <= 0 (NaN, +inf fail <=)
+        np.greater_equal(bad, ok, out=bad)  # bad, or not ok
+
+
+@dataclass(frozen=True, slots=True)
+class _Suspects:
+    """The suspect positions and what the rules read there.  # [M] each"""
+
+    row: np.ndarray  # sample row in the fields
+    at: np.ndarray  # position in the sample
+    in_prompt: np.ndarray
+    differs: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    supervised: np.ndarray
+    lp: np.ndarray
+    finite_row: np.ndarray  # every logprob of the sample is finite
+
+    @classmethod
+    def at_positions(cls, f: TokenFields, differs_F: np.ndarray, idx: np.ndarray) -> _Suspects:
+        row = np.searchsorted(f.start_S, idx, side="right") - 1
+        at = idx - f.start_S[row]
+        lp = f.logprobs_F[idx]
+        finite_row = ~np.isin(row, row[~np.isfinite(lp)])
+        return cls(
+            row, at, at < f.P_S[row], differs_F[idx], f.input_ids_F[idx], f.labels_F[idx],
+            f.supervised_F[idx], lp, finite_row,
+        )  # fmt: skip
+
+
+def _suspect_positions(f: TokenFields, scan: _Scan) -> np.ndarray:
+    """The scan's suspects, and the supervised prompt positions (invariant 3) of the samples
+    that concat_fields counted with any.  # [M] ascending"""
+    rows = np.flatnonzero(f.prompt_supervised_S > 0)
+    prompt_pos = segments(f.start_S[rows], f.P_S[rows])
+    return np.union1d(np.flatnonzero(scan.suspect_F), prompt_pos[f.supervised_F[prompt_pos]])
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """A per-position invariant: where it fails among the suspects, and how to say so."""
+
+    field: str
+    invariant: int
+    fails: Callable[[_Suspects], np.ndarray]  # [M] bool
+    message: Callable[[RolloutState, int], str]  # the sample, the position in ``field``
+    in_response: bool = False  # positions counted in response_ids, not input_ids
+
+
+_RULES = (  # in the order check_sample lists them
+    _Rule(
+        "prompt_ids", 2, lambda x: x.differs & x.in_prompt,
+        lambda s, i: f"input_ids[{i}]={s.input_ids[i]} but prompt_ids[{i}]={s.prompt_ids[i]}",
+    ),
+    _Rule(
+        "response_ids", 2, lambda x: x.differs & ~x.in_prompt,
+        lambda s, j: f"response_ids[{j}]={s.response_ids[j]} but "
+        f"input_ids[{len(s.prompt_ids) + j}]={s.input_ids[len(s.prompt_ids) + j]}",
+        in_response=True,
+    ),
+    _Rule(
+        "labels", 3, lambda x: x.supervised & (x.labels != x.ids),
+        lambda s, i: f"label {s.labels[i]} is neither -100 nor input_ids[{i}]={s.input_ids[i]}",
+    ),
+    _Rule(
+        "labels", 3, lambda x: x.supervised & x.in_prompt,
+        lambda s, i: f"prompt position supervised (label {s.labels[i]}); "
+        "prompt labels must be -100",
+    ),
+    _Rule(
+        "logprobs", 4, lambda x: ~np.isfinite(x.lp),
+        lambda s, i: f"not finite ({s.logprobs[i]})",
+    ),
+    _Rule(
+        "logprobs", 4, lambda x: x.finite_row & x.supervised & (x.lp > LOGPROB_TOLERANCE),
+        lambda s, i: f"logprob {s.logprobs[i]:.6g} > 0 at a supervised position",
+    ),
+    _Rule(
+        "logprobs", 4, lambda x: x.finite_row & ~x.supervised & (x.lp != 0.0),
+        lambda s, i: f"logprob {s.logprobs[i]:.6g} at an unsupervised position, must be 0.0",
+    ),
+)  # fmt: skip
+
+
+def _position_checks(
+    samples: Sequence[RolloutState], rows: Sequence[int], f: TokenFields, scan: _Scan
+) -> list[_Found]:
+    """Each rule's first failing position in every sample ``rows`` (one list per rule)."""
+    x = _Suspects.at_positions(f, scan.differs_F, _suspect_positions(f, scan))
+    found: list[_Found] = []
+    for rule in _RULES:
+        fails = rule.fails(x)  # [M]
+        failing, first = np.unique(x.row[fails], return_index=True)
+        at = x.at[fails][first] - (f.P_S[failing] if rule.in_response else 0)
+        found.append([
+            (rows[r], Violation(samples[rows[r]].rollout_id, rule.field,
+                                rule.message(samples[rows[r]], i), rule.invariant, i))
+            for r, i in zip(failing.tolist(), at.tolist(), strict=True)
+        ])  # fmt: skip
+    return found
+
+
+def _step_order(samples: Sequence[RolloutState], rows: Sequence[int], f: TokenFields) -> _Found:
+    """Invariant 5: response_model_steps never decrease inside a sample (a drop from one
+    sample's last step onto the next sample's first is fine)."""
+    with_steps = np.flatnonzero(f.steps_start_S >= 0)  # [W]
+    starts_W = f.steps_start_S[with_steps]  # [W], ascending
+    dropped = np.flatnonzero(np.diff(f.steps) < 0) + 1  # positions after a decrease
+    dropped = dropped[~np.isin(dropped, starts_W)]
+    out: _Found = []
+    for w, at in zip(*first_per_segment(dropped, starts_W), strict=True):
+        s = samples[rows[int(with_steps[w])]]
+        steps, at = s.response_model_steps, int(at)
+        msg = f"decreases from {steps[at - 1]} to {steps[at]}"
+        out.append(
+            (rows[int(with_steps[w])], Violation(s.rollout_id, "response_model_steps", msg, 5, at))
+        )
+    return out
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def check_samples(
+    samples: Sequence[RolloutState], *, require_reward: bool | Sequence[bool] = True
+) -> Checked:
+    """Every section-4 violation (invariants 1-6, 8) of every sample; ``require_reward``
+    for all samples or per sample. The samples whose lengths agree are checked at every
+    position together, on their fields concatenated once (returned for reuse)."""
+    needs = [require_reward] * len(samples) if isinstance(require_reward, bool) else require_reward
+    reward: _Found = []
+    lengths: _Found = []
+    rows: list[int] = []  # samples whose lengths let the per-position checks go on
+    for i, (s, need) in enumerate(zip(samples, needs, strict=True)):
+        v = _reward(s) if need else None
+        if v is not None:
+            reward.append((i, v))
+        found = _lengths(s)
+        lengths += [(i, v) for v in found]
+        if not found:
+            rows.append(i)
+    shapes = _shapes(samples, rows)
+    checkable = [samples[i] for i in rows]
+    n = sum(len(s.input_ids) for s in checkable)
+    scan = _Scan(shapes.expected, np.empty(n, dtype=bool), np.empty(n, dtype=bool))
+    f = concat_fields(checkable, shapes.with_steps, scan)
+    prompt, response, *per_position = _position_checks(samples, rows, f, scan)
+    supervised_S = f.prompt_supervised_S + f.response_supervised_S  # [rows]
+    no_supervision: _Found = [
+        (i, Violation(s.rollout_id, "labels", "COMPLETED sample has no supervised token", 8,
+                      severity=Severity.WARNING))
+        for i, s, n in zip(rows, checkable, supervised_S.tolist(), strict=True)
+        if s.status == Status.COMPLETED and n == 0
+    ]  # fmt: skip
+    out: list[list[Violation]] = [[] for _ in samples]
+    for found in (
+        reward, lengths, shapes.prompt + prompt, shapes.response + response, *per_position,
+        shapes.steps + _step_order(samples, rows, f), shapes.extras, no_supervision,
+    ):  # fmt: skip
+        for i, v in found:
+            out[i].append(v)
+    row_S = np.full(len(samples), -1, dtype=np.int64)
+    row_S[rows] = np.arange(len(rows))
+    return Checked(out, f, row_S)
 
 
 def check_sample(s: RolloutState, *, require_reward: bool = True) -> list[Violation]:
     """Every section-4 violation of one sample (invariants 1-6, 8)."""
-    out: list[Violation] = []
-    if require_reward:
-        _check_reward(s, out)
-    if not _check_lengths(s, out):
-        return out
-    ids = np.asarray(s.input_ids, dtype=np.int64)  # [T]
-    labels = np.asarray(s.labels, dtype=np.int64)  # [T]
-    _check_prompt_response(s, ids, out)
-    _check_labels(s, ids, labels, out)
-    if s.logprobs is not None:
-        _check_logprobs(s, labels, out)
-    _check_model_steps(s, ids.size - len(s.prompt_ids), out)
-    _check_extras(s, ids.size, out)
-    if s.status == Status.COMPLETED and not np.any(labels != IGNORE_INDEX):
-        msg = "COMPLETED sample has no supervised token"
-        out.append(Violation(s.rollout_id, "labels", msg, 8, severity=Severity.WARNING))
-    return out
+    return check_samples([s], require_reward=require_reward).violations[0]
 
 
 def check_group_identity(group: Sequence[RolloutState]) -> list[Violation]:
@@ -205,16 +360,24 @@ def check_group_identity(group: Sequence[RolloutState]) -> list[Violation]:
     return out
 
 
-def check_group(group: Sequence[RolloutState], *, require_reward: bool = True) -> list[Violation]:
-    """All violations of a group: each member, shared identity, unique ids."""
+def group_violations(
+    group: Sequence[RolloutState], members: Sequence[list[Violation]]
+) -> list[Violation]:
+    """All violations of a group: shared identity, then each member's duplicate id and
+    its own violations ``members`` (from ``check_samples``)."""
     out = check_group_identity(group)
     seen: set[str] = set()
-    for s in group:
+    for s, found in zip(group, members, strict=True):
         if s.rollout_id in seen:
             out.append(Violation(s.rollout_id, "rollout_id", "duplicate rollout_id", 7))
         seen.add(s.rollout_id)
-        out.extend(check_sample(s, require_reward=require_reward))
+        out.extend(found)
     return out
+
+
+def check_group(group: Sequence[RolloutState], *, require_reward: bool = True) -> list[Violation]:
+    """All violations of a group: each member, shared identity, unique ids."""
+    return group_violations(group, check_samples(group, require_reward=require_reward).violations)
 
 
 def errors(violations: Sequence[Violation]) -> list[Violation]:

@@ -101,7 +101,7 @@ def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -
         return StalenessResult(cleared=0, max_staleness=oldest, expired=False)
 
     p = len(state.prompt_ids)
-    labels_T = np.asarray(state.labels, dtype=np.int64)  # [T]
+    labels_T = state.labels  # [T], the sample's own array: written in place
     cleared = 0
     if tok_thr is not None:
         stale_R = (staleness_R >= tok_thr) & (labels_T[p:] != IGNORE_INDEX)  # [R]
@@ -109,11 +109,8 @@ def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -
         if cleared:
             pos = np.flatnonzero(stale_R) + p  # positions in the full sequence
             labels_T[pos] = IGNORE_INDEX
-            state.labels[:] = labels_T.tolist()
             if state.logprobs is not None:
-                logprobs_T = np.asarray(state.logprobs, dtype=np.float64)  # [T]
-                logprobs_T[pos] = 0.0
-                state.logprobs[:] = logprobs_T.tolist()
+                state.logprobs[pos] = 0.0
 
     reason = None
     if sample_thr is not None and oldest >= sample_thr:

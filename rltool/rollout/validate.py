@@ -1,11 +1,12 @@
 """Check rollout files against every invariant of data-contract section 4.
 
-``validate_files`` streams each file (``iter_rollouts``), runs ``check_sample``
-on every sample (invariants 1-6, 8) and checks invariant 7 across the whole
-input: the members of a group are all samples with the same ``group_id``,
-wherever they sit, and must share ``task_name``; ``rollout_id``s are unique
-across all files. Memory grows with the number of distinct ids and groups
-(one small entry each), never with token counts or file size.
+``validate_files`` streams each file (``iter_rollouts``), checks its samples a
+batch at a time with ``check_samples`` (invariants 1-6, 8; a batch holds at most
+``BATCH_TOKENS`` tokens) and checks invariant 7 across the whole input: the
+members of a group are all samples with the same ``group_id``, wherever they
+sit, and must share ``task_name``; ``rollout_id``s are unique across all files.
+Memory grows with the number of distinct ids and groups (one small entry each)
+and one batch, never with file size.
 
 A non-COMPLETED sample without train fields is the contract's record of a
 failed build (section 3), so it is a warning, not an error; a non-COMPLETED
@@ -18,11 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rltool.rollout.contract import Severity, Violation, check_sample
+from rltool.rollout.contract import Severity, Violation, check_samples
 from rltool.rollout.io import LineError, iter_rollouts
 from rltool.rollout.state import RolloutState, Status
 
 ProgressFn = Callable[[int], None]  # called with bytes read since the last call
+BATCH_TOKENS = 1 << 20  # input_ids of the samples checked together, at most (one may exceed)
 
 
 class InputError(ValueError):
@@ -115,8 +117,25 @@ class _Checker:
     seen_ids: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (file, line)
     groups: dict[str, _Group] = field(default_factory=dict)
     prev_group: str | None = None  # group_id of the previous sample in the current file
+    pending: list[tuple[int, int, RolloutState]] = field(default_factory=list)  # unchecked
+    pending_tokens: int = 0
 
     def add(self, file_idx: int, line: int, s: RolloutState) -> None:
+        """Queue a sample; check the queue once it holds ``BATCH_TOKENS`` tokens."""
+        self.pending.append((file_idx, line, s))
+        self.pending_tokens += 0 if s.input_ids is None else len(s.input_ids)
+        if self.pending_tokens >= BATCH_TOKENS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Check the queued samples together, then record their findings in line order."""
+        samples = [s for _, _, s in self.pending]
+        found = check_samples(samples).violations
+        for (file_idx, line, s), violations in zip(self.pending, found, strict=True):
+            self._record(file_idx, line, s, violations)
+        self.pending, self.pending_tokens = [], 0
+
+    def _record(self, file_idx: int, line: int, s: RolloutState, found: list[Violation]) -> None:
         path, out = self.paths[file_idx], self.report.violations
         self.report.samples += 1
         if s.status != Status.COMPLETED and s.input_ids is None:
@@ -126,7 +145,7 @@ class _Checker:
             msg = f"no train fields on a {s.status} sample" + (f" ({s.error})" if s.error else "")
             self._emit(file_idx, line, s, "input_ids", msg, Severity.WARNING, invariant=1)
         else:
-            out.extend(FileViolation.of(path, line, v) for v in check_sample(s))
+            out.extend(FileViolation.of(path, line, v) for v in found)
         first = self.seen_ids.setdefault(s.rollout_id, (file_idx, line))
         if first != (file_idx, line):
             msg = f"duplicate rollout_id, first at {self._where(*first)}"
@@ -204,14 +223,16 @@ def validate_files(
     report = ValidationReport(files=len(resolved))
     checker = _Checker(resolved, report)
     for file_idx, path in enumerate(resolved):
-        checker.prev_group = None
         try:
             for line, item in iter_rollouts(path, on_bytes=progress):
                 if isinstance(item, LineError):
+                    checker.flush()  # findings stay in line order
                     report.violations.append(FileViolation.of_line_error(item))
                 else:
                     checker.add(file_idx, line, item)
         except OSError as err:
             raise InputError(f"{path}: cannot read ({err.strerror or err})") from err
+        checker.flush()
+        checker.prev_group = None
     report.groups = len(checker.groups)
     return report

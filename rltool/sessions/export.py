@@ -42,6 +42,7 @@ def _segment_state(
     session: Session, k: int, seg: Segment, group_id: str, task_name: str, reward: dict[str, Any]
 ) -> RolloutState:
     p = seg.prompt_len
+    ids_T = np.asarray(seg.ids, dtype=np.int64)  # [T]
     steps_T = fill_env_steps(np.asarray(seg.steps, dtype=np.int64))  # [T]
     state = RolloutState(
         rollout_id=f"{session.session_id}/seg{k}",
@@ -49,17 +50,17 @@ def _segment_state(
         session_id=session.session_id,
         task_name=task_name,
         messages=seg.messages,
-        prompt_ids=seg.ids[:p],
-        response_ids=seg.ids[p:],
+        prompt_ids=ids_T[:p],
+        response_ids=ids_T[p:],
         response_text=seg.reply_text,
         finish_reason=seg.finish_reason,
         reward=dict(reward),
         status=Status.COMPLETED,
         extra={"tool_turns": seg.tool_turns, "num_turns": seg.num_turns},
-        input_ids=list(seg.ids),
-        labels=list(seg.labels),
-        logprobs=list(seg.logprobs),
-        response_model_steps=steps_T[p:].tolist(),
+        input_ids=ids_T,
+        labels=seg.labels,
+        logprobs=seg.logprobs,
+        response_model_steps=steps_T[p:],
     )
     return state if session.error is None else state.fail(session.error)
 

@@ -11,25 +11,18 @@ The steps, in order:
 1. screen each group: every member COMPLETED (else skipped, reason = the group
    status lowercased), a reward wherever the task's ``task_adv_weight`` > 0
    (else a ValueError), every section-4 invariant (else skipped as "invalid",
-   detail = the first violation from ``rltool.rollout.contract.check_group``);
-2. bake token staleness into the labels, in place, when a limit is set (a group
-   with an expired member is skipped as "expired");
-3. session-clustered advantages over the whole batch, times the task weight;
-4. the one shift and the packing into the row layout the updater trains on
+   detail = the group's first violation, as ``rltool.rollout.contract.check_group``
+   names it);
+2. session-clustered advantages over the whole batch, times the task weight;
+3. the one shift and the packing into the row layout the updater trains on
    (``rltool.training.layout``: plain rows, or shared-prefix rows with
    ``prefix_sharing``);
-5. ``data_info``.
+4. ``data_info``.
 
-A Python loop runs over groups and samples, never over tokens. The token-level
-invariants are checked once on the concatenated arrays (``token_errors_S``, the
-vectorised twin of ``check_sample``, kept equal to it by a property test);
-``check_group`` runs only on the groups that fail, to name the violation.
-
-Reading Python lists into arrays dominates the cost of plain-list samples (about
-15 ns a number). Samples canonicalized by an agent loop carry ``CachedList``s
-(``rltool.rollout.cached_list``): their fields are copied from the arrays the
-loop built them from, and their prefix invariant holds by construction; a list
-mutated since (the staleness bake) has lost its array and is read like any other.
+Pure: the groups are read, never written. Staleness is baked by production before
+the groups get here (contract section 6); conversion only reports it. A Python loop
+runs over groups and samples, never over tokens: the contract check concatenates
+every sample's fields once (``check_samples``) and conversion reads those arrays.
 """
 
 from __future__ import annotations
@@ -44,19 +37,11 @@ import numpy as np
 
 from rltool.config.schema import RecipeConfig
 from rltool.packing import padding_waste
-from rltool.rollout.staleness import StalenessLimits, bake_staleness, token_staleness
-from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, group_status
+from rltool.rollout.contract import check_samples, errors, group_violations
+from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.advantages import cluster_mean_scores, get_estimator
 from rltool.training.batch import SHARED_ROW_ATTENTION, SampleInfo, SkippedGroup, TrainBatch
-from rltool.training.flat import (
-    Flat,
-    flatten,
-    identity_ok,
-    invalid_skip,
-    segments,
-    shape_ok,
-    token_errors_S,
-)
+from rltool.training.flat import Flat
 from rltool.training.layout import pack_samples
 
 log = logging.getLogger(__name__)
@@ -68,15 +53,11 @@ class ConversionConfig:
     pack_max_length: int = 2048  # tokens per packed row
     prefix_sharing: bool = False  # shared-prefix rows (training/layout); recipes default to on
     task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
-    max_staleness: int | None = None  # None = samples never expire by age
-    max_token_staleness: int | None = None  # None = tokens never cleared by age
-    sync_interval: int = 1  # train steps between weight syncs
 
     def __post_init__(self) -> None:
         get_estimator(self.estimator)  # raises with the known names
         if self.pack_max_length < 1:
             raise ValueError(f"trainer.pack_max_length must be >= 1, got {self.pack_max_length}")
-        self.staleness  # noqa: B018 - raises on a bad sync_interval or limit
         for task, w in self.task_adv_weight.items():
             if not (math.isfinite(w) and w >= 0):
                 raise ValueError(
@@ -92,21 +73,10 @@ class ConversionConfig:
             prefix_sharing=recipe.trainer.prefix_sharing
             and recipe.model.attn_implementation in SHARED_ROW_ATTENTION,
             task_adv_weight={k: float(v) for k, v in a.task_adv_weight.items()},
-            max_staleness=a.max_staleness,
-            max_token_staleness=a.max_token_staleness,
-            sync_interval=a.sync_interval,
         )
 
     def task_weight(self, task_name: str) -> float:
         return float(self.task_adv_weight.get(task_name, 1.0))
-
-    @property
-    def staleness(self) -> StalenessLimits:
-        return StalenessLimits(self.max_staleness, self.max_token_staleness, self.sync_interval)
-
-    @property
-    def bakes_staleness(self) -> bool:
-        return self.staleness.bakes
 
 
 # ---------------------------------------------------------------- status and rewards
@@ -136,100 +106,49 @@ def _require_rewards(group: Sequence[RolloutState], cfg: ConversionConfig) -> No
             )
 
 
-# ---------------------------------------------------------------- staleness
-
-
-@dataclass(slots=True)
-class _StalenessTally:
-    cleared: int = 0
-    expired: int = 0
-
-
-def _bake_group(
-    group: Sequence[RolloutState],
-    first: int,
-    flat: Flat,
-    train_step: int,
-    cfg: ConversionConfig,
-    tally: _StalenessTally,
-) -> SkippedGroup | None:
-    """Bake every member (so the counts are whole), copy cleared labels into ``flat``;
-    skip the group if any member expired."""
-    expired: list[tuple[RolloutState, str]] = []
-    for i, s in enumerate(group, start=first):
-        r = bake_staleness(s, train_step, cfg.staleness)
-        tally.cleared += r.cleared
-        if r.cleared:
-            span = slice(int(flat.start_S[i]), int(flat.start_S[i] + flat.T_S[i]))
-            flat.labels_F[span] = s.labels
-            if s.logprobs is not None:
-                flat.logprobs_F[span] = s.logprobs
-        if r.expired:
-            expired.append((s, f"{r.reason} (oldest token staleness {r.max_staleness})"))
-    tally.expired += len(expired)
-    if not expired:
-        return None
-    s, why = expired[0]
-    return SkippedGroup(group[0].group_id, "expired", f"{s.rollout_id}: {why}")
-
-
 # ---------------------------------------------------------------- screening
 
 
 @dataclass(frozen=True, slots=True)
 class _Screened:
-    flat: Flat  # every sample of the kept groups (and of groups found invalid or expired)
+    flat: Flat  # the training samples' fields
     kept: list[Sequence[RolloutState]]  # groups that train
-    kept_S: np.ndarray  # [S_kept] their samples' indices into flat
     skipped: list[SkippedGroup]
-    tally: _StalenessTally
 
 
-def _screen(
-    groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig, train_step: int
-) -> _Screened:
+def _screen(groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig) -> _Screened:
     skipped: dict[int, SkippedGroup] = {}  # by group index, so the log keeps the step's order
-    shaped: list[int] = []  # COMPLETED, lengths and rewards right
+    completed: list[int] = []
     for g, group in enumerate(groups):
         if not group:
             raise ValueError(f"group {g} of the step is empty; every group needs its samples")
         skip = _status_skip(group)
         if skip is None:
             _require_rewards(group, cfg)
-            needs_reward = cfg.task_weight(group[0].task_name) > 0
-            if not (identity_ok(group) and all(shape_ok(s, needs_reward) for s in group)):
-                skip = invalid_skip(group, needs_reward)
-        if skip is None:
-            shaped.append(g)
+            completed.append(g)
         else:
             skipped[g] = skip
 
-    samples = [s for g in shaped for s in groups[g]]
-    flat = flatten(samples)
-    token_bad_S = token_errors_S(samples, flat)  # [S]
-    tally = _StalenessTally()
-    kept, kept_S, first = [], [], 0
-    for g in shaped:
-        group = groups[g]
-        members = np.arange(first, first + len(group))
-        skip = None
-        if token_bad_S[members].any():
-            skip = invalid_skip(group, cfg.task_weight(group[0].task_name) > 0)
-        elif cfg.bakes_staleness:
-            skip = _bake_group(group, first, flat, train_step, cfg, tally)
-        if skip is None:
-            kept.append(group)
-            kept_S.append(members)
+    samples = [s for g in completed for s in groups[g]]
+    needs_reward = [
+        cfg.task_weight(groups[g][0].task_name) > 0 for g in completed for _ in groups[g]
+    ]
+    checked = check_samples(samples, require_reward=needs_reward)
+    kept, kept_rows, first = [], [], 0
+    for g in completed:
+        group, members = groups[g], slice(first, first + len(groups[g]))
+        bad = errors(group_violations(group, checked.violations[members]))
+        if bad:
+            skipped[g] = SkippedGroup(group[0].group_id, "invalid", str(bad[0]))
         else:
-            skipped[g] = skip
+            kept.append(group)
+            kept_rows.append(checked.row_S[members])
         first += len(group)
-    if tally.cleared:
-        flat.count_supervised()
     in_order = [skipped[g] for g in sorted(skipped)]
     for skip in in_order:
         log.warning("skipping group %s: %s (%s)", skip.group_id, skip.reason, skip.detail)
-    kept_idx = np.concatenate(kept_S) if kept_S else np.zeros(0, dtype=np.int64)
-    return _Screened(flat, kept, kept_idx, in_order, tally)
+    rows = np.concatenate(kept_rows) if kept_rows else np.zeros(0, dtype=np.int64)
+    return _Screened(Flat.of(checked.fields, rows), kept, in_order)
 
 
 # ---------------------------------------------------------------- advantages
@@ -288,16 +207,6 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     }
 
 
-def _supervised_staleness(flat: Flat, train_step: int) -> np.ndarray:
-    """Staleness of every supervised response token of the samples that carry model steps."""
-    w = flat.steps_start_S >= 0  # [S]
-    R_W = (flat.T_S - flat.P_S)[w]  # [W]
-    label_pos = segments((flat.start_S + flat.P_S)[w], R_W)  # [sum R_W] flat response positions
-    step_pos = segments(flat.steps_start_S[w], R_W)  # [sum R_W]
-    supervised = flat.labels_F[label_pos] != IGNORE_INDEX
-    return token_staleness(train_step, flat.steps[step_pos[supervised]])
-
-
 def _data_info(
     n_groups: int,
     scr: _Screened,
@@ -317,7 +226,7 @@ def _data_info(
     adv_stats = _stats("data/advantages", adv_S[trains_S])
     if n_active:
         adv_stats["data/advantages/mean"] = float(adv_S @ response_len_S / n_active)
-    staleness = _supervised_staleness(flat, train_step)
+    staleness = flat.supervised_staleness(train_step)
     tool_turns_S = np.array([float((s.extra or {}).get("tool_turns", 0)) for s in samples])
     info: dict[str, float] = {
         "data/groups": float(n_groups),
@@ -339,8 +248,6 @@ def _data_info(
     info["data/tool_turns/mean"] = float(tool_turns_S.mean()) if samples else 0.0
     info["data/staleness/mean"] = float(staleness.mean()) if staleness.size else 0.0
     info["data/staleness/max"] = float(staleness.max()) if staleness.size else 0.0
-    info["data/staleness/stale_tokens"] = float(scr.tally.cleared)
-    info["data/staleness/expired_samples"] = float(scr.tally.expired)
     return info
 
 
@@ -350,15 +257,15 @@ def _data_info(
 def convert_groups(
     groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig, train_step: int = 0
 ) -> TrainBatch:
-    """One step's groups -> packed, shifted TrainBatch with data_info.
+    """One step's groups -> packed, shifted TrainBatch with data_info; the groups are
+    only read. ``train_step`` dates the staleness figures.
 
-    Bakes staleness into the members' labels in place when a limit is set.
     Raises ValueError for a missing reward with task weight > 0, for a sample
     longer than ``pack_max_length``, and for extras present on only some samples.
     """
-    scr = _screen(groups, cfg, train_step)
+    scr = _screen(groups, cfg)
     samples = [s for g in scr.kept for s in g]
-    flat = scr.flat.take(scr.kept_S)
+    flat = scr.flat
     adv = _advantages(scr.kept, cfg)
     packed = pack_samples(samples, flat, adv.sample_S, cfg.pack_max_length, cfg.prefix_sharing)
     infos = [

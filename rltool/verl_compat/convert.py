@@ -28,12 +28,12 @@ from rltool.rollout.state import IGNORE_INDEX
 
 @dataclass(slots=True)
 class CanonicalFields:
-    prompt_ids: list[int]  # [P]
-    response_ids: list[int]  # [R]
-    input_ids: list[int]  # [P + R]
-    labels: list[int]  # [P + R]
-    logprobs: list[float] | None  # [P + R]
-    response_model_steps: list[int]  # [R]
+    prompt_ids: np.ndarray  # [P] int64
+    response_ids: np.ndarray  # [R] int64
+    input_ids: np.ndarray  # [P + R] int64
+    labels: np.ndarray  # [P + R] int64
+    logprobs: np.ndarray | None  # [P + R] float64
+    response_model_steps: np.ndarray  # [R] int64
 
 
 def _ints(name: str, values: Sequence) -> np.ndarray:
@@ -83,15 +83,15 @@ def canonical_fields(
             raise ValueError(
                 f"response_logprobs has {lp.size} entries for {response.size} response tokens"
             )
-        logprobs = np.concatenate([np.zeros(prompt.size), np.where(supervised, lp, 0.0)]).tolist()
+        logprobs = np.concatenate([np.zeros(prompt.size), np.where(supervised, lp, 0.0)])
 
     return CanonicalFields(
-        prompt_ids=prompt.tolist(),
-        response_ids=response.tolist(),
-        input_ids=np.concatenate([prompt, response]).tolist(),
-        labels=labels.tolist(),
+        prompt_ids=prompt,
+        response_ids=response,
+        input_ids=np.concatenate([prompt, response]),
+        labels=labels,
         logprobs=logprobs,
-        response_model_steps=response_steps(supervised, generated_steps, default_step).tolist(),
+        response_model_steps=response_steps(supervised, generated_steps, default_step),
     )
 
 

@@ -107,11 +107,11 @@ def test_groups_are_batched_canonical_and_rewarded(tokenizer) -> None:
 
     s = groups[0][0]  # prompt P = 13 tokens, response "#### 5 <eos>" R = 3
     response = ids("#### 5 <eos>")
-    assert s.prompt_ids == PROMPT0
-    assert s.input_ids == PROMPT0 + response
-    assert s.labels == [IGNORE_INDEX] * 13 + response
-    assert s.logprobs == [0.0] * 13 + [-0.5] * 3
-    assert s.response_model_steps == [3, 3, 3]
+    assert s.prompt_ids.tolist() == PROMPT0
+    assert s.input_ids.tolist() == PROMPT0 + response
+    assert s.labels.tolist() == [IGNORE_INDEX] * 13 + response
+    assert s.logprobs.tolist() == [0.0] * 13 + [-0.5] * 3
+    assert s.response_model_steps.tolist() == [3, 3, 3]
     assert s.reward == {"score": 1.0, "status": "ok", "extracted": "5", "correct": True}
     assert s.extra == {"ground_truth": "5"}
     assert (s.task_name, s.agent_loop, s.group_id, s.finish_reason) == (

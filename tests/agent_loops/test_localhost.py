@@ -190,7 +190,7 @@ def test_feedback_turn_is_masked_between_two_supervised_answers(tokenizer):
             lp = np.asarray(s.logprobs)
             assert set(lp[a1:b1]) == set(lp[a2:b2]) == {LOGPROB}
             assert set(lp[b1:a2]) == {0.0}
-            assert s.response_model_steps == [2] * len(s.response_ids)
+            assert s.response_model_steps.tolist() == [2] * len(s.response_ids)
     tom_prompt = decode(tokenizer, groups[0][0].prompt_ids)
     assert tom_prompt.startswith("<|im_start|>system\n# Tools") and '"calculator"' in tom_prompt
     metrics = loop.pop_metrics()

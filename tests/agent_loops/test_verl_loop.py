@@ -193,13 +193,17 @@ def test_two_turn_tool_trajectory_is_canonical(tokenizer) -> None:
     assert s.status == Status.COMPLETED
     # P = 13; response = "call add <eos>" + tool tokens (8) + "#### 5 <eos>": R = 14
     gen1, gen2 = ids("call add <eos>"), ids("#### 5 <eos>")
-    assert s.prompt_ids == PROMPT
-    assert s.response_ids == gen1 + TOOL_TOKENS + gen2
-    assert s.input_ids == PROMPT + gen1 + TOOL_TOKENS + gen2
-    assert s.labels == [IGNORE_INDEX] * 13 + gen1 + [IGNORE_INDEX] * 8 + gen2
-    assert s.logprobs == [0.0] * 13 + [-1.0, -2.0, -0.5] + [0.0] * 8 + [-0.25, -0.5, -0.125]
+    assert s.prompt_ids.tolist() == PROMPT
+    assert s.response_ids.tolist() == gen1 + TOOL_TOKENS + gen2
+    assert s.input_ids.tolist() == PROMPT + gen1 + TOOL_TOKENS + gen2
+    assert s.labels.tolist() == [IGNORE_INDEX] * 13 + gen1 + [IGNORE_INDEX] * 8 + gen2
+    assert s.logprobs.tolist() == [0.0] * 13 + [-1.0, -2.0, -0.5] + [0.0] * 8 + [
+        -0.25,
+        -0.5,
+        -0.125,
+    ]
     # turn 1 at step 3, its tool answer too; turn 2 after the engine moved to step 4
-    assert s.response_model_steps == [3] * 3 + [3] * 8 + [4] * 3
+    assert s.response_model_steps.tolist() == [3] * 3 + [3] * 8 + [4] * 3
     assert s.reward == {"score": 1.0, "source": "loop"}
     assert s.extra == {
         "ground_truth": "5",
@@ -253,8 +257,8 @@ def test_response_cut_at_response_length(tokenizer) -> None:
     loop, engine = make_loop(tokenizer, response_length=5)
     [[s]] = loop.generate_groups(TASKS[:1], 1, ["g0"])
     assert errors(check_sample(s)) == []
-    assert s.response_ids == ids("call add <eos> <s> tool")
-    assert s.labels[-5:] == ids("call add <eos>") + [IGNORE_INDEX] * 2
+    assert s.response_ids.tolist() == ids("call add <eos> <s> tool")
+    assert s.labels[-5:].tolist() == ids("call add <eos>") + [IGNORE_INDEX] * 2
     assert s.finish_reason == "length"
     assert engine.calls[0][1].max_new_tokens == 5
 
@@ -344,17 +348,17 @@ def test_canonical_fields_worked_example() -> None:
     f = canonical_fields(
         [10, 11, 12], [20, 21, 22], [1, 0, 1], [-0.1, 0.0, -0.3], [5, 6], default_step=9
     )
-    assert f.input_ids == [10, 11, 12, 20, 21, 22]
-    assert f.labels == [-100, -100, -100, 20, -100, 22]
-    assert f.logprobs == [0.0, 0.0, 0.0, -0.1, 0.0, -0.3]
-    assert f.response_model_steps == [5, 5, 6]
+    assert f.input_ids.tolist() == [10, 11, 12, 20, 21, 22]
+    assert f.labels.tolist() == [-100, -100, -100, 20, -100, 22]
+    assert f.logprobs.tolist() == [0.0, 0.0, 0.0, -0.1, 0.0, -0.3]
+    assert f.response_model_steps.tolist() == [5, 5, 6]
 
 
 def test_canonical_fields_steps_and_refusals() -> None:
     # leading glue takes the first turn's step; an all-env response takes the default
     f = canonical_fields([1, 2], [7, 8, 9, 7], [0, 1, 0, 1], None, [4, 6, 6], default_step=9)
-    assert (f.response_model_steps, f.logprobs) == ([4, 4, 4, 6], None)
-    assert canonical_fields([1, 2], [7], [0], None, [], 9).response_model_steps == [9]
+    assert (f.response_model_steps.tolist(), f.logprobs) == ([4, 4, 4, 6], None)
+    assert canonical_fields([1, 2], [7], [0], None, [], 9).response_model_steps.tolist() == [9]
     with pytest.raises(
         ValueError, match="marks 2 tokens as generated but the engine generated only 1"
     ):

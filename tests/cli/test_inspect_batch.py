@@ -158,7 +158,7 @@ def test_every_sample_is_its_labels_shifted_once(out):
             M if i in stale.get(s["rollout_id"], ()) else label
             for i, label in enumerate(orig.labels[1:])
         ]
-        assert s["input_ids"] == orig.input_ids[:-1]
+        assert s["input_ids"] == orig.input_ids[:-1].tolist()
         assert s["targets"] == expected
         assert len(s["advantages"]) == len(s["rollout_logprobs"]) == s["length"]
         assert s["advantages"] == [0.0 if t == M else s["advantage"] for t in s["targets"]]

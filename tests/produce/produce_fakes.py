@@ -16,7 +16,7 @@ RESPONSE = [30, 31, 32, 33]  # 31 is tool output: never supervised
 def generate(s: RolloutState, steps: list[int] | None, score: float | None = 1.0) -> RolloutState:
     """Fill a sample's generated fields in place, as an agent loop would; COMPLETED."""
     s.response_ids = list(RESPONSE)
-    s.input_ids = s.prompt_ids + RESPONSE
+    s.input_ids = [*s.prompt_ids.tolist(), *RESPONSE]
     s.labels = [X] * len(s.prompt_ids) + [30, X, 32, 33]
     s.logprobs = [0.0] * len(s.prompt_ids) + [-0.1, 0.0, -0.2, -0.3]
     s.response_model_steps = None if steps is None else list(steps)

@@ -220,7 +220,7 @@ def test_expired_groups_are_regenerated_under_the_same_ids_or_dropped(policy):
         assert {r.group_id for r in again} >= {"s2-g4-p4", "s2-g8-p8"}
         assert counts[Fate.DROPPED] == 0 and p.accounting.retries > 0
         # regenerated with the version of their resubmission: trainable now
-        assert all(s.response_model_steps == [1] * 4 for g in batches[1] for s in g)
+        assert all(s.response_model_steps.tolist() == [1] * 4 for g in batches[1] for s in g)
     else:
         assert counts[Fate.DROPPED] > 0 and p.accounting.retries == 0
         assert "s2-g4-p4" not in gids(batches[1])

@@ -62,12 +62,12 @@ def test_bake_clears_stale_tokens_in_place() -> None:
     # train step 5, steps [0, 0, 1, 3, 3] -> staleness [4, 4, 3, 1, 1]
     # max_token_staleness 1, sync_interval 2 -> trainable while staleness < 4
     s = _sample(steps=[0, 0, 1, 3, 3])
-    labels_list = s.labels
+    labels, logprobs = s.labels, s.logprobs
     r = bake_staleness(s, 5, Limits(max_token_staleness=1, sync_interval=2))
     # response 0 (staleness 4) is cleared; response 1 (also 4) was tool output already
-    assert s.labels == [X, X, X, X, 32, 33, 34]
-    assert s.labels is labels_list  # the sample's own list, edited in place
-    assert s.logprobs == [0.0, 0.0, 0.0, 0.0, -0.2, -0.3, -0.4]
+    assert s.labels.tolist() == [X, X, X, X, 32, 33, 34]
+    assert s.labels is labels and s.logprobs is logprobs  # the sample's own arrays, in place
+    assert s.logprobs.tolist() == [0.0, 0.0, 0.0, 0.0, -0.2, -0.3, -0.4]
     assert (r.cleared, r.max_staleness, r.expired, r.reason) == (1, 4, False, None)
     assert not errors(check_sample(s))  # still a valid sample
 
@@ -83,9 +83,9 @@ def test_bake_twice_gives_identical_labels() -> None:
     s = _sample(steps=[0, 0, 1, 3, 3])
     cfg = Limits(max_token_staleness=1, sync_interval=2)
     bake_staleness(s, 5, cfg)
-    once = (list(s.labels), list(s.logprobs))
+    once = (s.labels.tolist(), s.logprobs.tolist())
     again = bake_staleness(s, 5, cfg)
-    assert (s.labels, s.logprobs) == once
+    assert (s.labels.tolist(), s.logprobs.tolist()) == once
     assert again.cleared == 0
 
 
@@ -101,20 +101,20 @@ def test_expiry_by_oldest_token() -> None:
 def test_expiry_when_no_supervised_token_is_left() -> None:
     s = _sample(steps=[0, 0, 0, 0, 0])  # staleness 4 everywhere at step 5
     r = bake_staleness(s, 5, Limits(max_token_staleness=0, sync_interval=1))  # threshold 1
-    assert s.labels == [X] * 7
+    assert s.labels.tolist() == [X] * 7
     assert (r.cleared, r.expired, r.reason) == (4, True, "no_supervised_tokens")
 
 
 def test_no_model_steps_is_never_stale() -> None:
     s = _sample(steps=None)
-    before = list(s.labels)
+    before = s.labels.tolist()
     r = bake_staleness(s, 1000, Limits(max_staleness=0, max_token_staleness=0))
-    assert s.labels == before
+    assert s.labels.tolist() == before
     assert (r.cleared, r.expired) == (0, False)
 
 
 def test_no_limits_changes_nothing() -> None:
     s = _sample(steps=[0, 0, 1, 3, 3])
     r = bake_staleness(s, 5, Limits())
-    assert s.labels == [X, X, 30, X, 32, 33, 34]
+    assert s.labels.tolist() == [X, X, 30, X, 32, 33, 34]
     assert (r.cleared, r.max_staleness, r.expired) == (0, 4, False)

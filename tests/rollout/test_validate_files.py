@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import rltool.rollout.validate as validate_module
 from rltool.rollout.contract import Severity
 from rltool.rollout.io import write_rollouts
 from rltool.rollout.state import RolloutState
@@ -47,7 +48,11 @@ def test_each_invariant_located_in_the_file(tmp_path: Path, name: str) -> None:
     assert report.ok == (severity == "warning")
 
 
-def test_golden_broken_file() -> None:
+@pytest.mark.parametrize("batch_tokens", [1, validate_module.BATCH_TOKENS])
+def test_golden_broken_file(batch_tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same findings in line order, whether samples are checked one at a time or the
+    whole file at once (around the unparsable line)."""
+    monkeypatch.setattr(validate_module, "BATCH_TOKENS", batch_tokens)
     report = validate_files([BROKEN])
     E, W = Severity.ERROR, Severity.WARNING
     assert located(report.violations) == [
@@ -101,7 +106,11 @@ def test_rollout_ids_unique_across_files(tmp_path: Path) -> None:
     assert (report.files, report.samples, report.groups) == (2, 2, 2)
 
 
-def test_a_group_may_continue_in_the_next_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch_tokens", [1, validate_module.BATCH_TOKENS])
+def test_a_group_may_continue_in_the_next_file(
+    tmp_path: Path, batch_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validate_module, "BATCH_TOKENS", batch_tokens)
     a = write_lines(tmp_path / "a.jsonl", [WORKED])
     b = write_lines(tmp_path / "b.jsonl", [{**WORKED, "rollout_id": "r2", "task_name": "x"}])
     report = validate_files([a, b])

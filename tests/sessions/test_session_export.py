@@ -40,16 +40,16 @@ def test_export_hand_worked():
     seg0, seg1 = export(two_segment_session(), "g1", "calc", 0.5)
     assert seg0.rollout_id == "ep7/seg0" and seg1.rollout_id == "ep7/seg1"
     assert seg0.session_id == seg1.session_id == "ep7"
-    assert seg0.prompt_ids == [6, 1]
-    assert seg0.input_ids == [6, 1, 2, 5, 4, 4, 6, 5]
-    assert seg0.labels == [-100, -100, 2, 5, -100, -100, 6, 5]
-    assert seg0.logprobs == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, -2.0]
-    assert seg0.response_ids == [2, 5, 4, 4, 6, 5]
+    assert seg0.prompt_ids.tolist() == [6, 1]
+    assert seg0.input_ids.tolist() == [6, 1, 2, 5, 4, 4, 6, 5]
+    assert seg0.labels.tolist() == [-100, -100, 2, 5, -100, -100, 6, 5]
+    assert seg0.logprobs.tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, -2.0]
+    assert seg0.response_ids.tolist() == [2, 5, 4, 4, 6, 5]
     # tool tokens take the step of the assistant turn before them
-    assert seg0.response_model_steps == [3, 3, 3, 3, 4, 4]
+    assert seg0.response_model_steps.tolist() == [3, 3, 3, 3, 4, 4]
     assert seg0.extra == {"tool_turns": 1, "num_turns": 2}
-    assert seg1.input_ids == [6, 4, 1] and seg1.labels == [-100, -100, 1]
-    assert seg1.response_model_steps == [5]
+    assert seg1.input_ids.tolist() == [6, 4, 1] and seg1.labels.tolist() == [-100, -100, 1]
+    assert seg1.response_model_steps.tolist() == [5]
     assert seg1.extra == {"tool_turns": 0, "num_turns": 1}
     for s in (seg0, seg1):
         assert s.status == Status.COMPLETED and s.reward == {"score": 0.5}

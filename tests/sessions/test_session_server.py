@@ -87,25 +87,27 @@ def test_tool_conversation_records_the_final_render_token_for_token(tokenizer):
     ]
     final = render_ids(tokenizer, final_msgs, gen=False, tools=[ADD_TOOL])
     # recorded = the final render less the template's newline after the last <|im_end|>
-    assert state.input_ids == final[:-1]
+    assert state.input_ids.tolist() == final[:-1]
     assert tokenizer.decode(final[-1:]) == "\n"
     mask = assistant_mask(tokenizer, final_msgs, [ADD_TOOL])[:-1]
     ids = np.asarray(state.input_ids)
-    assert state.labels == np.where(mask, ids, -100).tolist()
+    assert state.labels.tolist() == np.where(mask, ids, -100).tolist()
     spans = np.flatnonzero(np.diff(np.r_[0, mask.astype(int), 0]))  # start, end, start, end
     (s1, e1, s2, e2) = spans.tolist()
     assert tokenizer.decode(ids[s1:e1]) == CALL_TEXT + "<|im_end|>"
     assert tokenizer.decode(ids[s2:e2]) == ANSWER_TEXT + "<|im_end|>"
     # the prompt is the first render; turn 2 generated from the recorded ids
-    assert state.prompt_ids == render_ids(tokenizer, [SYSTEM, USER], gen=True, tools=[ADD_TOOL])
+    assert state.prompt_ids.tolist() == render_ids(
+        tokenizer, [SYSTEM, USER], gen=True, tools=[ADD_TOOL]
+    )
     assert len(state.prompt_ids) == s1
-    assert engine.calls[1][0] == [state.input_ids[:s2]]
+    assert engine.calls[1][0] == [state.input_ids[:s2].tolist()]
     expected_lp = np.zeros(len(ids))
     expected_lp[s1:e1] = logprobs_for(e1 - s1, 0)
     expected_lp[s2:e2] = logprobs_for(e2 - s2, 1)
-    assert state.logprobs == expected_lp.tolist()
+    assert state.logprobs.tolist() == expected_lp.tolist()
     # tool-result tokens take the version of the assistant turn before them
-    assert state.response_model_steps == [3] * (s2 - s1) + [4] * (e2 - s2)
+    assert state.response_model_steps.tolist() == [3] * (s2 - s1) + [4] * (e2 - s2)
     assert state.extra == {"tool_turns": 1, "num_turns": 2}
     assert r1.usage.prompt_tokens == s1 and r1.usage.completion_tokens == e1 - s1
     assert check_sample(state) == []
@@ -129,9 +131,12 @@ def test_history_rewrite_starts_a_new_segment_of_the_same_session(tokenizer):
     seg0, seg1 = export(session, "g0", "calc", 0.0)
     first = render_ids(tokenizer, [USER], gen=True, tools=[ADD_TOOL])
     second = render_ids(tokenizer, summary, gen=True, tools=[ADD_TOOL])
-    assert seg0.prompt_ids == first
-    assert seg0.input_ids[len(first) :] == [*tokenizer.encode(CALL_TEXT), tokenizer.eos_token_id]
-    assert seg1.prompt_ids == second
+    assert seg0.prompt_ids.tolist() == first
+    assert seg0.input_ids[len(first) :].tolist() == [
+        *tokenizer.encode(CALL_TEXT),
+        tokenizer.eos_token_id,
+    ]
+    assert seg1.prompt_ids.tolist() == second
     assert engine.calls[1][0] == [second]  # generated from the new render, not the old tokens
     assert engine.calls[2][0][0][: len(second)] == second  # the third turn extends segment 1
     assert seg1.extra == {"tool_turns": 0, "num_turns": 2}
@@ -154,7 +159,7 @@ def test_non_canonical_sampled_tokens_keep_the_session_in_one_segment(tokenizer)
         client.chat.completions.create(model="p", messages=messages)
         (state,) = export(server.close_session("ep2"), "g", "t", 1.0)
     p = len(state.prompt_ids)
-    assert state.input_ids[p : p + len(by_char) + 1] == [*by_char, tokenizer.eos_token_id]
+    assert state.input_ids[p : p + len(by_char) + 1].tolist() == [*by_char, tokenizer.eos_token_id]
     final = [*messages, {"role": "assistant", "content": "ok"}]
     assert tokenizer.decode(state.input_ids) + "\n" == tokenizer.apply_chat_template(
         final, tokenize=False

@@ -2,24 +2,25 @@
 
 Regression lock for the one shift: the worked example of section 7, packed
 alignment across samples, session clusters, task weights, skipped groups,
-staleness and data_info, all written out by hand.
+staleness figures and data_info, all written out by hand. Conversion is pure:
+staleness is baked explicitly (``bake_staleness``) before converting.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import rltool.training.flat as flat_module
+import rltool.rollout.fields as fields_module
 from rltool.agent_loops.canonical import build_prompt_response_fields
 from rltool.config.schema import AlgorithmConfig, ModelConfig, RecipeConfig, TrainerConfig
-from rltool.rollout.cached_list import CachedList, cached_array, is_join
 from rltool.rollout.contract import check_group, errors
+from rltool.rollout.staleness import StalenessLimits, bake_staleness
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status, TeacherTargets
 from rltool.training.advantages import EPS
 from rltool.training.batch import Pack, SharedPack, TrainBatch
@@ -38,20 +39,17 @@ def make(
     *,
     score: float | None = 1.0,
     gid: str = "g",
-    cached: bool = False,
     **fields: object,
 ) -> RolloutState:
     """A COMPLETED sample; ``supervised[i]`` says whether response token i is trained,
-    ``lps[i]`` is its engine logprob (0.0 written wherever it is not supervised).
-    ``cached``: token fields as CachedLists, input_ids joined from prompt and response
-    as canonicalization builds them (else plain lists, as io.py reads them)."""
+    ``lps[i]`` is its engine logprob (0.0 written wherever it is not supervised)."""
     labels = [X] * len(prompt) + [t if m else X for t, m in zip(response, supervised, strict=True)]
     logprobs = None
     if lps is not None:
         logprobs = [0.0] * len(prompt) + [
             lp if m else 0.0 for lp, m in zip(lps, supervised, strict=True)
         ]
-    s = RolloutState(
+    return RolloutState(
         rollout_id=rid,
         group_id=gid,
         prompt_ids=prompt,
@@ -63,19 +61,6 @@ def make(
         status=fields.pop("status", Status.COMPLETED),
         **fields,
     )
-    return cache_fields(s) if cached else s
-
-
-def cache_fields(s: RolloutState) -> RolloutState:
-    """Token fields as CachedLists, input_ids joined from prompt and response, as
-    canonicalization builds them; assigned after construction, where pydantic would
-    copy them into plain lists."""
-    p, r = (CachedList.of(np.array(x, dtype=np.int64)) for x in (s.prompt_ids, s.response_ids))
-    s.prompt_ids, s.response_ids, s.input_ids = p, r, CachedList.join(p, r)
-    s.labels = CachedList.of(np.array(s.labels, dtype=np.int64))
-    if s.logprobs is not None:
-        s.logprobs = CachedList.of(np.array(s.logprobs, dtype=np.float64))
-    return s
 
 
 def sample_view(batch: TrainBatch, i: int) -> dict[str, list]:
@@ -103,8 +88,8 @@ def test_worked_example_of_section_7() -> None:
     # dr_grpo on rewards 3 and 0 gives advantages +1.5 and -1.5
     a = make("a", [10, 11, 12], [20, 21, 22], [1, 0, 1], [-0.1, 0.0, -0.3], score=3.0)
     b = make("b", [10, 11, 12], [20, 21, 22], [1, 0, 1], [-0.1, 0.0, -0.3], score=0.0)
-    assert a.labels == [X, X, X, 20, X, 22]
-    assert a.logprobs == [0.0, 0.0, 0.0, -0.1, 0.0, -0.3]
+    assert a.labels.tolist() == [X, X, X, 20, X, 22]
+    assert a.logprobs.tolist() == [0.0, 0.0, 0.0, -0.1, 0.0, -0.3]
     batch = convert_groups([[a, b]], ConversionConfig(estimator="dr_grpo", pack_max_length=16))
 
     view = sample_view(batch, 0)
@@ -257,11 +242,12 @@ def test_packs_with_extras_stay_plain_with_prefix_sharing() -> None:
 def test_extras_take_the_same_shift() -> None:
     def with_extras(rid: str, score: float) -> RolloutState:
         s = make(rid, [1, 2], [3, 4], [1, 1], [-0.3, -0.4], score=score)
-        s.routed_experts = [[t, t + 100] for t in s.input_ids]  # [T, 2]
+        ids = s.input_ids.tolist()
+        s.routed_experts = [[t, t + 100] for t in ids]  # [T, 2]
         s.teacher_targets = TeacherTargets(
             kind="topk",
-            token_ids=[[t, t + 1] for t in s.input_ids],
-            logprobs=[[-0.5 * t, -1.0] for t in s.input_ids],
+            token_ids=[[t, t + 1] for t in ids],
+            logprobs=[[-0.5 * t, -1.0] for t in ids],
         )
         return s
 
@@ -454,27 +440,28 @@ def test_empty_step() -> None:
 # ---------------------------------------------------------------- staleness
 
 
-@pytest.mark.parametrize("cached", [False, True])
-def test_staleness_is_baked_before_the_shift(cached: bool) -> None:
-    # train step 3, max_token_staleness 0, sync 1: trainable while staleness < 1
-    # steps [1, 2, 2] -> staleness [1, 0, 0]: response token 20 is cleared
+def test_staleness_baked_before_conversion_reaches_the_shift() -> None:
+    # production bakes (contract section 6): train step 3, max_token_staleness 0, sync 1:
+    # trainable while staleness < 1; steps [1, 2, 2] -> staleness [1, 0, 0]: token 20 cleared
     lps = [-0.1, -0.2, -0.3]
-    a = make("a", [10], [20, 21, 22], [1, 1, 1], lps, score=1.0, cached=cached)
-    b = make("b", [10], [20, 21, 22], [1, 1, 1], lps, score=0.0, cached=cached)
+    a = make("a", [10], [20, 21, 22], [1, 1, 1], lps, score=1.0)
+    b = make("b", [10], [20, 21, 22], [1, 1, 1], lps, score=0.0)
     a.response_model_steps = [1, 2, 2]
     b.response_model_steps = [2, 2, 2]
-    cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16, max_token_staleness=0)
+    limits = StalenessLimits(max_token_staleness=0)
+    assert [bake_staleness(s, 3, limits).cleared for s in (a, b)] == [1, 0]
+    assert a.labels.tolist() == [X, X, 21, 22]  # baked into the sample, in place
+    cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16)
     batch = convert_groups([[a, b]], cfg, train_step=3)
-    assert a.labels == [X, X, 21, 22]  # baked into the sample, in place
     assert sample_view(batch, 0)["targets"] == [X, 21, 22]
     assert sample_view(batch, 0)["advantages"] == [0.0, 0.5, 0.5]
     assert sample_view(batch, 0)["rollout_logprobs"] == f32([0.0, -0.2, -0.3])
     assert sample_view(batch, 1)["targets"] == [20, 21, 22]
     info = batch.data_info
-    assert info["data/staleness/stale_tokens"] == 1.0
     # supervised response tokens left: a -> 0, 0; b -> 0, 0, 0
     assert (info["data/staleness/mean"], info["data/staleness/max"]) == (0.0, 0.0)
     assert info["data/response_len/min"] == 2.0 and info["data/supervised_tokens"] == 5.0
+    assert "data/staleness/stale_tokens" not in info  # production reports what it cleared
 
 
 def test_staleness_figures_without_limits() -> None:
@@ -483,26 +470,44 @@ def test_staleness_figures_without_limits() -> None:
     batch = convert_groups([[a]], ConversionConfig(pack_max_length=8), train_step=4)
     info = batch.data_info
     assert (info["data/staleness/mean"], info["data/staleness/max"]) == (2.0, 3.0)
-    assert info["data/staleness/stale_tokens"] == 0.0
 
 
-def test_expired_sample_skips_its_group() -> None:
-    # max_staleness 1, sync 2: a sample expires when its oldest token reaches 4
+def test_expired_sample_is_production_s_to_skip() -> None:
+    # max_staleness 1, sync 2: a sample expires when its oldest token reaches 4; production
+    # marks it EXPIRED, and conversion skips its group by that status
     old = make("old", [10], [20, 21], [1, 1], None, score=1.0, gid="o")
     old.response_model_steps = [0, 3]  # train step 5 -> staleness 4, 1
     young = make("young", [10], [20, 21], [1, 1], None, score=0.0, gid="o")
     young.response_model_steps = [3, 3]
     fresh = [make("f", [10], [20, 21], [1, 1], None, score=1.0, gid="f")]
     fresh[0].response_model_steps = [4, 4]
-    cfg = ConversionConfig(pack_max_length=8, max_staleness=1, sync_interval=2)
-    batch = convert_groups([[old, young], fresh], cfg, train_step=5)
+    limits = StalenessLimits(max_staleness=1, sync_interval=2)
+    for s in (old, young, *fresh):
+        r = bake_staleness(s, 5, limits)
+        if r.expired:
+            s.status, s.error = Status.EXPIRED, f"{r.reason} (oldest token staleness 4)"
+    batch = convert_groups([[old, young], fresh], ConversionConfig(pack_max_length=8), 5)
     (skip,) = batch.skipped_groups
     assert (skip.group_id, skip.reason) == ("o", "expired")
-    assert skip.detail.startswith("old: max_staleness")
+    assert skip.detail.startswith("old: EXPIRED (max_staleness")
     assert [s.rollout_id for s in batch.samples] == ["f"]
-    info = batch.data_info
-    assert info["data/skipped/expired"] == 1.0
-    assert info["data/staleness/expired_samples"] == 1.0
+    assert batch.data_info["data/skipped/expired"] == 1.0
+
+
+def test_conversion_never_writes_its_groups() -> None:
+    """Pure: the groups after conversion equal a deep copy taken before, whatever the
+    staleness of their tokens (train step 9: every token of steps [0, 1] is old)."""
+    group = [make(f"p{k}", [1, 2], [3, 4], [1, 1], [-0.5, -0.25], score=k) for k in range(2)]
+    for s in group:
+        s.response_model_steps = [0, 1]
+    bad = make("v", [1], [2, 3], [1, 1], score=1.0, gid="bad")
+    bad.labels[-1] = 99  # invalid: skipped, not repaired
+    before = copy.deepcopy([group, [bad]])
+    batch = convert_groups([group, [bad]], ConversionConfig(pack_max_length=16), train_step=9)
+    assert [group, [bad]] == before
+    assert [g.reason for g in batch.skipped_groups] == ["invalid"]
+    assert batch.data_info["data/staleness/max"] == 8.0  # read, not baked
+    assert sample_view(batch, 0)["targets"] == [X, 3, 4]
 
 
 # ---------------------------------------------------------------- data_info and config
@@ -538,19 +543,13 @@ def test_data_info_by_hand() -> None:
         "data/tool_turns/mean": 1.0,
         "data/staleness/mean": 0.0,
         "data/staleness/max": 0.0,
-        "data/staleness/stale_tokens": 0.0,
-        "data/staleness/expired_samples": 0.0,
     }
 
 
 def test_from_recipe() -> None:
     recipe = RecipeConfig(
         algorithm=AlgorithmConfig(
-            estimator="rloo",
-            task_adv_weight={"distill": 0},
-            max_staleness=2,
-            max_token_staleness=1,
-            sync_interval=3,
+            estimator="rloo", task_adv_weight={"distill": 0}, max_staleness=2, sync_interval=3
         ),
         trainer=TrainerConfig(pack_max_length=4096),
     )
@@ -559,10 +558,7 @@ def test_from_recipe() -> None:
         pack_max_length=4096,
         prefix_sharing=True,
         task_adv_weight={"distill": 0.0},
-        max_staleness=2,
-        max_token_staleness=1,
-        sync_interval=3,
-    )
+    )  # the staleness limits are production's (StalenessLimits), not conversion's
 
 
 @pytest.mark.parametrize(
@@ -584,7 +580,6 @@ def test_from_recipe_shares_prefixes_only_with_attention_that_takes_a_mask(
     [
         ({"estimator": "ppo"}, "unknown advantage estimator 'ppo'"),
         ({"task_adv_weight": {"t": -1.0}}, "task_adv_weight.t must be finite and >= 0"),
-        ({"sync_interval": 0}, "sync_interval must be >= 1"),
         ({"pack_max_length": 0}, "pack_max_length must be >= 1"),
     ],
 )
@@ -654,15 +649,12 @@ def sample_lists(draw: st.DrawFn) -> list[RolloutState]:
     group=sample_lists(),
     which=st.integers(0, 2),
     corruption=st.sampled_from(CORRUPTIONS),
-    cached=st.booleans(),
 )
 def test_screening_agrees_with_check_group(
-    group: list[RolloutState], which: int, corruption: str, cached: bool
+    group: list[RolloutState], which: int, corruption: str
 ) -> None:
-    """The vectorised screen skips a group as invalid exactly when check_group finds an error,
-    on plain lists and on CachedLists mutated in place (never read from a stale array)."""
-    if cached:
-        group = [cache_fields(s) for s in group]
+    """The screen, checking the whole step at once, skips a group as invalid exactly when
+    check_group on that group alone finds an error, and names the same one."""
     victim = group[which % len(group)]
     _corruptions(victim, group)[corruption]()
     want = errors(check_group(group))
@@ -674,17 +666,16 @@ def test_screening_agrees_with_check_group(
         assert isinstance(batch.packs[0], Pack)
 
 
-@pytest.mark.parametrize("block", [3, flat_module._BLOCK])
+@pytest.mark.parametrize("block", [1, fields_module.BLOCK_TOKENS])
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
-def test_cached_fields_mutated_in_place_are_read_fresh(
+def test_corruptions_in_place_are_seen_block_by_block(
     corruption: str, block: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every corruption of a canonicalized sample, made in place after canonicalization,
-    is seen: the screen agrees with check_group, which reads the lists. Blocks of 3
-    positions put block boundaries inside the samples."""
-    monkeypatch.setattr(flat_module, "_BLOCK", block)
+    """Every corruption, made in place in a sample's arrays, is seen: the screen agrees
+    with check_group. Blocks of 1 position put every sample in a block of its own."""
+    monkeypatch.setattr(fields_module, "BLOCK_TOKENS", block)
     group = [
-        make(f"s{k}", [1, 2], [100, 101, 102], [1, 0, 1], [-0.5] * 3, score=float(k), cached=True)
+        make(f"s{k}", [1, 2], [100, 101, 102], [1, 0, 1], [-0.5] * 3, score=float(k))
         for k in range(2)
     ]
     for s in group:
@@ -697,9 +688,9 @@ def test_cached_fields_mutated_in_place_are_read_fresh(
     )
 
 
-def test_canonicalized_samples_convert_like_plain_lists() -> None:
-    """build_prompt_response_fields keeps its arrays; conversion reads them and gives
-    what the plain lists give, also after an in-place edit of one sample."""
+def test_canonicalized_samples_convert_like_samples_read_from_json() -> None:
+    """Samples canonicalized in the program and the same samples read back from JSON
+    convert alike, also after an in-place edit of one sample's arrays."""
 
     def canonical(rid: str, response: list[int], score: float) -> RolloutState:
         s = RolloutState(
@@ -715,11 +706,10 @@ def test_canonicalized_samples_convert_like_plain_lists() -> None:
 
     group = [canonical("a", [20, 21, 22], 1.0), canonical("b", [30, 31], 0.0)]
     a = group[0]
-    assert cached_array(a.labels).tolist() == [X, X, 20, 21, 22]
-    assert is_join(a.input_ids, a.prompt_ids, a.response_ids)
+    assert a.labels.tolist() == [X, X, 20, 21, 22]
     a.labels[3], a.logprobs[3] = X, 0.0  # token 21 becomes environment output, in place
-    assert cached_array(a.labels) is None and cached_array(a.logprobs) is None
-    plain = [RolloutState.model_validate(s.model_dump()) for s in group]
+    plain = [RolloutState.from_json(s.to_json()) for s in group]
+    assert plain == group
     cfg = ConversionConfig(pack_max_length=8)
     batch, want = convert_groups([group], cfg), convert_groups([plain], cfg)
     assert sample_view(batch, 0)["targets"] == [X, 20, X, 22]

@@ -110,13 +110,14 @@ def test_annotate_packed_equals_each_sequence_alone(mode: str) -> None:
         tt = s.teacher_targets
         assert tt is not None and tt.kind == mode and len(tt.token_ids) == len(s.input_ids)
         with torch.no_grad():
-            lp = torch.log_softmax(teacher(torch.tensor([s.input_ids])).logits[0], -1)  # [T, V]
+            lp = torch.log_softmax(teacher(torch.tensor(s.input_ids)[None]).logits[0], -1)  # [T, V]
         ids = torch.tensor(tt.token_ids)  # [T, K]
-        assert ids[0].tolist() == [s.input_ids[0]] * ids.shape[1]  # placeholder
+        assert ids[0].tolist() == [int(s.input_ids[0])] * ids.shape[1]  # placeholder
         want = lp[:-1].gather(-1, ids[1:])  # [T - 1, K], logits at t - 1 describe token t
-        torch.testing.assert_close(torch.tensor(tt.logprobs)[1:], want, atol=1e-5, rtol=0)
+        lps = torch.tensor(tt.logprobs, dtype=torch.float32)  # [T, K]
+        torch.testing.assert_close(lps[1:], want, atol=1e-5, rtol=0)
         if mode == "sampled":
-            assert ids[:, 0].tolist() == s.input_ids
+            assert ids[:, 0].tolist() == s.input_ids.tolist()
         else:
             assert torch.equal(ids[1:], lp[:-1].topk(5, dim=-1).indices)
 

@@ -133,10 +133,10 @@ def test_verl_loops_on_a_random_qwen2(model, tokenizer, loop_class: str) -> None
     assert engine.batch_sizes == [6]  # 2 tasks x 3 trajectories in one engine call
     for s in (s for g in groups for s in g):
         p = len(s.prompt_ids)
-        assert s.labels[p:] == s.response_ids
+        assert s.labels[p:].tolist() == s.response_ids.tolist()
         assert 1 <= len(s.response_ids) <= 12
         assert all(lp < 0 for lp in s.logprobs[p:]) and set(s.logprobs[:p]) == {0.0}
-        assert s.response_model_steps == [0] * len(s.response_ids)
+        assert s.response_model_steps.tolist() == [0] * len(s.response_ids)
         assert s.extra["num_turns"] == 2 and s.reward["source"] == "gsm8k"
     prompt = tokenizer.decode(groups[0][0].prompt_ids)
     assert prompt.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
@@ -217,7 +217,7 @@ def test_tool_agent_loop_tool_turn_is_unsupervised(tokenizer) -> None:
         "\n<|im_start|>user\n<tool_response>\n2 + 3 = 5\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    assert s.response_model_steps == [7] * len(s.response_ids)
+    assert s.response_model_steps.tolist() == [7] * len(s.response_ids)
     assert s.extra["num_turns"] == 4  # user, assistant, tool, assistant
     assert s.extra["tool_rewards"] == [0.0]
     assert s.reward["correct"] is True  # judged on the last turn, "#### 5"
