@@ -80,25 +80,31 @@ def reinforce_pp(rewards_C: np.ndarray, group_index_C: np.ndarray) -> np.ndarray
     return out
 
 
-get_estimator = ESTIMATORS.get  # the conversion's lookup; an unknown name lists the known ones
-
-
 @dataclass(frozen=True, slots=True)
-class ClusterRewards:
-    """The clusters of one group, in order of first appearance."""
+class SessionClusters:
+    """Session clusters of a batch of groups (contract 5.2), in order of first appearance:
+    keyed by (group index, ``session_id`` or else ``rollout_id``)."""
 
-    keys: list[str]  # [C] session_id, or rollout_id when the sample has none
+    keys: list[tuple[int, str]]  # [C]
     rewards_C: np.ndarray  # [C] float64, mean member score; NaN when no member has one
-    member_cluster_M: np.ndarray  # [M] int64, cluster of each member
+    cluster_S: np.ndarray  # [S] int64, the cluster of each sample, groups concatenated
+    group_C: np.ndarray  # [C] int64, the group of each cluster
 
 
-def cluster_rewards(group: Sequence[RolloutState]) -> ClusterRewards:
-    """Session clusters of a group and one reward each (the members' mean score)."""
-    index: dict[str, int] = {}
-    member_cluster = [index.setdefault(s.session_id or s.rollout_id, len(index)) for s in group]
-    member_M = np.array(member_cluster, dtype=np.int64)  # [M]
-    rewards_C = cluster_mean_scores(member_M, [s.score for s in group], len(index))  # [C]
-    return ClusterRewards(list(index), rewards_C, member_M)
+def session_clusters(groups: Sequence[Sequence[RolloutState]]) -> SessionClusters:
+    """The clusters of every group in one pass; every member of a cluster gets its reward."""
+    index: dict[tuple[int, str], int] = {}
+    cluster = [
+        index.setdefault((g, s.session_id or s.rollout_id), len(index))
+        for g, group in enumerate(groups)
+        for s in group
+    ]
+    cluster_S = np.array(cluster, dtype=np.int64)  # [S]
+    scores = [s.score for group in groups for s in group]
+    keys = list(index)
+    group_C = np.array([g for g, _ in keys], dtype=np.int64)  # [C]
+    rewards_C = cluster_mean_scores(cluster_S, scores, len(keys))  # [C]
+    return SessionClusters(keys, rewards_C, cluster_S, group_C)
 
 
 def cluster_mean_scores(

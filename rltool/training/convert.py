@@ -39,7 +39,7 @@ from rltool.config.schema import RecipeConfig
 from rltool.packing import padding_waste
 from rltool.rollout.contract import check_samples, errors, group_violations
 from rltool.rollout.state import RolloutState, Status, group_status
-from rltool.training.advantages import cluster_mean_scores, get_estimator
+from rltool.training.advantages import ESTIMATORS, session_clusters
 from rltool.training.batch import SHARED_ROW_ATTENTION, SampleInfo, SkippedGroup, TrainBatch
 from rltool.training.flat import Flat
 from rltool.training.layout import pack_samples
@@ -55,7 +55,7 @@ class ConversionConfig:
     task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
 
     def __post_init__(self) -> None:
-        get_estimator(self.estimator)  # raises with the known names
+        ESTIMATORS.get(self.estimator)  # raises with the known names
         if self.pack_max_length < 1:
             raise ValueError(f"trainer.pack_max_length must be >= 1, got {self.pack_max_length}")
         for task, w in self.task_adv_weight.items():
@@ -160,36 +160,15 @@ class _Advantages:
     rewards_C: np.ndarray  # [C] float64, NaN where no member has a score
 
 
-def _clusters(groups: Sequence[Sequence[RolloutState]]) -> tuple[np.ndarray, np.ndarray]:
-    """``cluster_rewards`` of every group in one pass: clusters keyed by (group,
-    session_id or rollout_id), in order of first appearance.
-
-    Returns rewards_C [C] (mean member score, NaN when no member has one) and
-    cluster_S [S], the cluster of each sample.
-    """
-    index: dict[tuple[int, str], int] = {}
-    cluster = [
-        index.setdefault((g, s.session_id or s.rollout_id), len(index))
-        for g, group in enumerate(groups)
-        for s in group
-    ]
-    cluster_S = np.array(cluster, dtype=np.int64)  # [S]
-    scores = [s.score for group in groups for s in group]
-    return cluster_mean_scores(cluster_S, scores, len(index)), cluster_S
-
-
 def _advantages(groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig) -> _Advantages:
     """One estimator call over every cluster of every group with weight > 0."""
-    rewards_C, cluster_S = _clusters(groups)
-    n_S = np.array([len(g) for g in groups], dtype=np.int64)  # [G]
-    group_S = np.repeat(np.arange(len(groups)), n_S)  # [S]
-    group_C = np.zeros(rewards_C.size, dtype=np.int64)  # [C]
-    group_C[cluster_S] = group_S
+    clusters = session_clusters(groups)
+    rewards_C, cluster_S, group_C = clusters.rewards_C, clusters.cluster_S, clusters.group_C
     weight_G = np.array([cfg.task_weight(g[0].task_name) for g in groups], dtype=np.float64)
     weight_C = weight_G[group_C]  # [C]
     active_C = weight_C > 0  # weight 0: no reward needed, advantage 0
     adv_C = np.zeros_like(rewards_C)  # [C]
-    estimate = get_estimator(cfg.estimator)
+    estimate = ESTIMATORS.get(cfg.estimator)
     adv_C[active_C] = estimate(rewards_C[active_C], group_C[active_C]) * weight_C[active_C]
     return _Advantages(adv_C[cluster_S], rewards_C)
 

@@ -10,7 +10,7 @@ from rltool.rollout.contract import check_sample
 from rltool.rollout.state import Status
 from rltool.sessions import Session, export
 from rltool.sessions.export import fill_env_steps
-from rltool.training.advantages import cluster_rewards
+from rltool.training.advantages import session_clusters
 
 VOCAB = {1: "a", 2: "b", 4: "c", 5: "<e>", 6: "d"}
 
@@ -55,8 +55,8 @@ def test_export_hand_worked():
         assert s.status == Status.COMPLETED and s.reward == {"score": 0.5}
         assert (s.group_id, s.task_name) == ("g1", "calc")
         assert check_sample(s) == []
-    clusters = cluster_rewards([seg0, seg1])
-    assert clusters.keys == ["ep7"] and clusters.member_cluster_M.tolist() == [0, 0]
+    clusters = session_clusters([[seg0, seg1]])
+    assert clusters.keys == [(0, "ep7")] and clusters.cluster_S.tolist() == [0, 0]
 
 
 def test_export_keeps_a_reward_mapping():

@@ -21,7 +21,7 @@ from rltool.config.schema import SamplingConfig
 from rltool.engines.base import RolloutEngine
 from rltool.rollout.contract import check_sample
 from rltool.sessions import SessionServer, export
-from rltool.training.advantages import cluster_rewards
+from rltool.training.advantages import session_clusters
 
 try:
     import httpx2 as httpx  # the HTTP client under recent openai releases
@@ -143,7 +143,7 @@ def test_history_rewrite_starts_a_new_segment_of_the_same_session(tokenizer):
     assert (seg0.rollout_id, seg1.rollout_id) == ("ep1/seg0", "ep1/seg1")
     assert seg0.session_id == seg1.session_id == "ep1"
     assert check_sample(seg0) == [] and check_sample(seg1) == []
-    assert cluster_rewards([seg0, seg1]).keys == ["ep1"]
+    assert session_clusters([[seg0, seg1]]).keys == [(0, "ep1")]
 
 
 def test_non_canonical_sampled_tokens_keep_the_session_in_one_segment(tokenizer):

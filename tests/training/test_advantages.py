@@ -11,11 +11,11 @@ from rltool.rollout.state import RolloutState
 from rltool.training.advantages import (
     EPS,
     ESTIMATORS,
-    cluster_rewards,
     dr_grpo,
     grpo,
     reinforce_pp,
     rloo,
+    session_clusters,
 )
 
 # Three groups: g0 = clusters with rewards 3, 1, 2; g1 = two clusters, both 5; g2 = one cluster.
@@ -96,11 +96,13 @@ def _s(rid: str, session: str | None, score: float | None) -> RolloutState:
     )
 
 
-def test_cluster_rewards_by_session_then_rollout_id() -> None:
+def test_session_clusters_by_session_then_rollout_id() -> None:
     group = [_s("a", "s1", 1.0), _s("b", None, 0.0), _s("c", "s1", 0.0), _s("d", None, None)]
-    c = cluster_rewards(group)
-    assert c.keys == ["s1", "b", "d"]
-    assert c.member_cluster_M.tolist() == [0, 1, 0, 2]
+    other = [_s("e", "s1", 1.0)]  # the same session id in another group: its own cluster
+    c = session_clusters([group, other])
+    assert c.keys == [(0, "s1"), (0, "b"), (0, "d"), (1, "s1")]
+    assert c.cluster_S.tolist() == [0, 1, 0, 2, 3]
+    assert c.group_C.tolist() == [0, 0, 0, 1]
     # s1's members differ (1 and 0): the cluster reward is their mean; d has no score: NaN
-    assert c.rewards_C[:2].tolist() == [0.5, 0.0]
+    assert c.rewards_C[[0, 1, 3]].tolist() == [0.5, 0.0, 1.0]
     assert math.isnan(c.rewards_C[2])
