@@ -40,7 +40,7 @@ from rltool.packing import padding_waste
 from rltool.rollout.contract import check_samples, errors, group_violations
 from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.advantages import ESTIMATORS, session_clusters
-from rltool.training.batch import SHARED_ROW_ATTENTION, SampleInfo, SkippedGroup, TrainBatch
+from rltool.training.batch import SHARED_ROW_ATTENTION, Pack, SampleInfo, SkippedGroup, TrainBatch
 from rltool.training.flat import Flat
 from rltool.training.layout import pack_samples
 
@@ -193,13 +193,14 @@ def _data_info(
     flat: Flat,
     adv_S: np.ndarray,
     rewards_C: np.ndarray,
-    n_packs: int,
+    packs: Sequence[Pack],
     train_step: int,
     cfg: ConversionConfig,
 ) -> dict[str, float]:
     """Per-sample counts only: a sample's loss-active tokens all carry its advantage."""
     response_len_S = flat.supervised_targets()  # [S]
     n_tokens = int((flat.T_S - 1).sum())
+    row_tokens = sum(len(p) for p in packs)
     n_active = int(response_len_S.sum())
     trains_S = response_len_S > 0  # [S]
     adv_stats = _stats("data/advantages", adv_S[trains_S])
@@ -217,8 +218,9 @@ def _data_info(
         "data/training_samples": float(len(samples)),
         "data/training_tokens": float(n_tokens),
         "data/supervised_tokens": float(n_active),
-        "data/packs": float(n_packs),
-        "data/padding_waste": padding_waste(n_tokens, n_packs, cfg.pack_max_length),
+        # the rows the updater trains on (shared prefixes: fewer tokens than above)
+        "data/packs": float(len(packs)),
+        "data/padding_waste": padding_waste(row_tokens, len(packs), cfg.pack_max_length),
     }
     info |= _stats("data/rewards", rewards_C[np.isfinite(rewards_C)])
     info |= adv_stats
@@ -271,8 +273,7 @@ def convert_groups(
             strict=True,
         )
     ]
-    n_packs = packed.plain_rows
     info = _data_info(
-        len(groups), scr, samples, flat, adv.sample_S, adv.rewards_C, n_packs, train_step, cfg
+        len(groups), scr, samples, flat, adv.sample_S, adv.rewards_C, packed.packs, train_step, cfg
     )
     return TrainBatch(packs=packed.packs, samples=infos, skipped_groups=scr.skipped, data_info=info)

@@ -346,10 +346,12 @@ def test_shared_layout_only_adds_fields(out, shared):
         assert {k: v for k, v in s.items() if k not in moved} == {
             k: v for k, v in plain[s["rollout_id"]].items() if k not in moved
         }
-    assert (shared["skipped_groups"], shared["data_info"]) == (
-        out["skipped_groups"],
-        out["data_info"],
-    )
+    assert shared["skipped_groups"] == out["skipped_groups"]
+    layout = ("data/packs", "data/padding_waste")  # of the rows trained, which differ
+    assert {k: v for k, v in shared["data_info"].items() if k not in layout} == {
+        k: v for k, v in out["data_info"].items() if k not in layout
+    }
+    assert shared["data_info"]["data/packs"] == len(shared["packs"])
 
 
 def test_shared_prefix_worked_by_hand(shared):

@@ -224,9 +224,15 @@ def test_prefix_sharing_lays_the_prompt_out_once() -> None:
     placed = [(x.pack, x.start, x.length, x.prefix_length, x.branch_start) for x in batch.samples]
     assert placed == [(0, 0, 4, 2, 2), (0, 0, 3, 2, 4), (0, 0, 5, 2, 5)]
     check_pack_widths(p)
-    # data_info as for plain rows (data/packs, padding_waste: the plain packing)
+    # data_info as for plain rows, but for the rows trained: 1 pack of 8 tokens in 16
     plain_cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16)
-    assert batch.data_info == convert_groups([_one_prompt_group()], plain_cfg).data_info
+    plain = convert_groups([_one_prompt_group()], plain_cfg).data_info
+    assert batch.data_info["data/packs"] == 1.0 and batch.data_info["data/padding_waste"] == 0.5
+    assert plain["data/training_tokens"] == 12.0  # 4 + 3 + 5 shifted positions
+    layout = ("data/packs", "data/padding_waste")
+    assert {k: v for k, v in batch.data_info.items() if k not in layout} == {
+        k: v for k, v in plain.items() if k not in layout
+    }
 
 
 def test_packs_with_extras_stay_plain_with_prefix_sharing() -> None:

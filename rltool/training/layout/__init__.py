@@ -35,7 +35,6 @@ class Packed:
     start_S: np.ndarray  # [S] offset of its first position in that pack
     prefix_S: np.ndarray  # [S] leading positions shared with its tree (0 in a plain row)
     branch_S: np.ndarray  # [S] offset of its positions after the prefix
-    plain_rows: int  # rows of the plain packing at max_len, what data/packs reports
 
 
 def pack_samples(
@@ -57,7 +56,6 @@ def pack_samples(
     if prefix_sharing and packs and all(shareable(p) for p in packs):
         shared = share_prefixes(packs)
         return Packed(
-            list(shared.packs), shared.pack_S, shared.start_S, shared.prefix_S, shared.branch_S,
-            len(packs),
-        )  # fmt: skip
-    return Packed(packs, pack_S, start_S, np.zeros_like(start_S), start_S, len(packs))
+            list(shared.packs), shared.pack_S, shared.start_S, shared.prefix_S, shared.branch_S
+        )
+    return Packed(packs, pack_S, start_S, np.zeros_like(start_S), start_S)
