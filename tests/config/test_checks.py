@@ -99,3 +99,19 @@ def test_range_text_and_membership() -> None:
     assert r.allows(float("nan")) is False
     assert Range(low=1, low_open=True, null=True).text() == "> 1 or null"
     assert RANGES["optimizer.min_lr_ratio"].text() == "in [0, 1]"
+
+
+def test_train_exits_2_naming_the_key_before_loading_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rltool.cli.app import app
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "gsm8k_tiny.yaml"
+    for extra in ([], ["--print-config"]):
+        result = CliRunner().invoke(
+            app,
+            ["train", str(recipe), "algorithm.clip_low=5", f"logging.run_dir={tmp_path}", *extra],
+        )
+        assert result.exit_code == 2
+        assert "algorithm.clip_low = 5: must be in [0, 1)" in " ".join(result.output.split())
+    assert list(tmp_path.iterdir()) == []  # no run directory was made
