@@ -4,6 +4,9 @@ LIMIT, and as root what it wrote lived in a tmpfs, never on the host disk."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,37 @@ def test_poll_on_a_plain_dir_trips_past_the_quota(tmp_path: Path) -> None:
     assert quota.exceeded()
     quota.begin()  # the next run is judged on its own
     assert quota.exceeded() is False
+
+
+@root_only
+def test_the_tmpfs_dies_with_rltool(bwrap, tmp_path):
+    """SIGKILL the Python holding a work dir: its namespace helper, and so the tmpfs, die too."""
+    code = (
+        "import sys, time; from pathlib import Path; from rltool.sandbox import Sandbox, "
+        "SandboxSpec; box = Sandbox(SandboxSpec(command=['true'], files={'a': 'x'}, "
+        f"work_parent=Path('{tmp_path}'))); print(box._work.tmpfs.helper.pid, flush=True); "
+        "time.sleep(60)"
+    )
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        helper = int(host.stdout.readline())
+        assert Path(f"/proc/{helper}").exists()
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+    deadline = time.monotonic() + 10
+    while _alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(helper)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie that no init reaps counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
