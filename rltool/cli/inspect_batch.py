@@ -29,7 +29,7 @@ from rltool.config.schema import RecipeConfig
 from rltool.report.batch_json import batch_to_json
 from rltool.report.console import make_console
 from rltool.report.inspect_view import Decoder, render_batch, stale_positions, tokenizer_decoder
-from rltool.rollout.io import read_groups
+from rltool.rollout.io import not_a_file_reason, read_groups
 from rltool.rollout.staleness import StalenessLimits, bake_staleness
 from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.batch import TrainBatch
@@ -68,11 +68,22 @@ class UserError(Exception):
         self.code = code
 
 
+def _check_regular(path: Path) -> None:
+    """A FIFO or device is refused before anything opens it (reading one would wait)."""
+    reason = not_a_file_reason(path.stat().st_mode)
+    if reason is not None:
+        raise UserError(f"{path}: {reason}", 2)
+
+
 def _groups_from_file(path: Path) -> GroupSource:
     try:
         groups = read_groups(path)
     except ValueError as exc:  # a bad line, named with file and line by read_groups
         raise UserError(str(exc), 1) from exc
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})", 2) from exc
+    if not groups:
+        raise UserError(f"{path}: no samples", 1)
     recipe = RecipeConfig()
     conversion = ConversionConfig.from_recipe(recipe)
     return GroupSource(groups, conversion, StalenessLimits.from_algorithm(recipe.algorithm), 0)
@@ -220,9 +231,9 @@ def inspect_batch(
 
     Unset options take the recipe's values in recipe mode; for a JSONL file, the
     recipe defaults (grpo, pack length 2048, prefix sharing on, train step 0, no
-    staleness limits, sync interval 1). Exit code 1: a bad line or a conversion
-    error (e.g. a sample longer than --pack-max-length); 2: unusable input or a bad
-    option.
+    staleness limits, sync interval 1). Exit code 1: a bad line, a file with no
+    samples or a conversion error (e.g. a sample longer than --pack-max-length); 2:
+    unusable input (missing, a FIFO or another non-regular file) or a bad option.
     """
     is_recipe = file.suffix.lower() in RECIPE_SUFFIXES
     if overrides and not is_recipe:
@@ -241,6 +252,7 @@ def inspect_batch(
         "sync_interval": sync_interval,
     }
     try:
+        _check_regular(file)
         source = (
             _groups_from_recipe(file, overrides or []) if is_recipe else _groups_from_file(file)
         )

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from rltool.report.console import byte_progress, make_console
 from rltool.report.validate_view import render_report, report_json
-from rltool.rollout.validate import InputError, check_readable, validate_files
+from rltool.rollout.validate import NO_SAMPLES, InputError, check_readable, validate_files
 
 PROGRESS_MIN_BYTES = 64 << 20  # draw a progress bar only for inputs bigger than this
 
@@ -29,8 +29,9 @@ def validate_rollouts(
 ) -> None:
     """Check rollout files against every invariant of the data contract (section 4).
 
-    Exit code 0: clean (warnings allowed); 1: a sample breaks the contract or a
-    line is unparsable; 2: a file is missing, a directory or unreadable.
+    Exit code 0: clean (warnings allowed); 1: a sample breaks the contract, a
+    line is unparsable or a file holds no samples; 2: a file is missing, not a
+    regular file (a directory, a FIFO) or unreadable.
     """
     err_console = make_console(stderr=True)
     try:
@@ -43,6 +44,9 @@ def validate_rollouts(
     except InputError as err:
         err_console.print(Text.assemble(("error:", "error"), f" {err}"))
         raise typer.Exit(2) from err
+    for v in report.violations:
+        if v.message == NO_SAMPLES and v.line == 0:
+            err_console.print(Text.assemble(("error:", "error"), f" {v.file}: {NO_SAMPLES}"))
     if output_format == OutputFormat.JSON:
         typer.echo(report_json(report))
     else:

@@ -9,7 +9,8 @@ reads the same wherever it appears.
 Every value is checked against the typed schema as it is applied, so an
 unknown key or a value of the wrong type is a ValueError naming the full key,
 the file it came from (or the command line) and, for a misspelling, the
-nearest valid key. Nothing after loading sees a raw DictConfig.
+nearest valid key. The merged values are then range-checked (``config/checks.py``),
+all bad keys reported at once. Nothing after loading sees a raw DictConfig.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rltool.config.checks import check_values
 from rltool.config.schema import RecipeConfig
 
 CONFIGS_DIRNAME = "configs"
@@ -48,7 +50,18 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RecipeConfig
     except OmegaConfBaseException as exc:  # e.g. a broken ${interpolation}
         raise ValueError(f"recipe {path}: {_first_line(exc)}") from exc
     assert isinstance(obj, RecipeConfig)
+    check_recipe_values(obj, f"recipe {path}")
     return obj
+
+
+def check_recipe_values(cfg: RecipeConfig, source: str) -> None:
+    """ValueError listing every numeric key out of its range (``source`` names the recipe)."""
+    problems = check_values(cfg)
+    if len(problems) == 1:
+        raise ValueError(f"{source}: {problems[0]}")
+    if problems:
+        lines = "\n".join(f"  {p}" for p in problems)
+        raise ValueError(f"{source}: {len(problems)} values out of range:\n{lines}")
 
 
 def recipe_to_yaml(cfg: RecipeConfig) -> str:

@@ -14,15 +14,48 @@ memory stays bounded by the longest line, whatever the file size.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
 from rltool.rollout.state import RolloutState
 
 _MAX_ERRORS_SHOWN = 3  # pydantic errors quoted per bad line; the rest are counted
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def not_a_file_reason(mode: int) -> str | None:
+    """Why a file of this ``st_mode`` cannot be a rollout file (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for is_kind, name in _FILE_KINDS if is_kind(mode)), "special file")
+    return f"is {kind}, not a regular file"
+
+
+def open_rollout_file(path: Path) -> BinaryIO:
+    """Open a regular file for reading, never blocking: a FIFO, socket or device is an
+    OSError saying what it is, found without waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        reason = not_a_file_reason(os.fstat(fd).st_mode)
+        if reason is not None:
+            raise OSError(f"{path}: {reason}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +67,7 @@ class LineError:
     message: str  # pydantic's errors, summarised with the field named
     field: str | None = None  # location of the first error ("prompt_ids", "reward.score")
     position: int | None = None  # list index of the first error in that field, if any
-    rollout_id: str | None = None  # when the line is a JSON object with a string rollout_id
+    rollout_id: str | None = None  # when the line is a JSON object with a str or int rollout_id
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line_no}: {self.message}"
@@ -75,7 +108,7 @@ def _rollout_id_of(line: bytes) -> str | None:
     except ValueError:
         return None
     rid = obj.get("rollout_id") if isinstance(obj, dict) else None
-    return rid if isinstance(rid, str) else None
+    return str(rid) if isinstance(rid, str) or type(rid) is int else None
 
 
 def iter_rollouts(
@@ -86,10 +119,10 @@ def iter_rollouts(
     A bad line yields a ``LineError`` and reading goes on, so a validator can
     report every bad line. ``on_bytes`` is called with the byte length of each
     physical line read (progress reporting). OSError from opening or reading
-    propagates.
+    propagates, a FIFO or another special file included (it is never read).
     """
     path = Path(path)
-    with path.open("rb") as f:
+    with open_rollout_file(path) as f:
         for line_no, line in enumerate(f, start=1):
             if on_bytes is not None:
                 on_bytes(len(line))

@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler
+from pydantic import BaseModel, BeforeValidator, ConfigDict, GetCoreSchemaHandler
 from pydantic_core import PydanticCustomError, core_schema
 
 IGNORE_INDEX = -100  # label of a position that is not supervised
@@ -112,6 +112,26 @@ def _tolist(a: np.ndarray) -> list[Any]:
     return a.tolist()
 
 
+def _id_text(value: Any) -> Any:
+    """An integer id (as xtuner and many exporters write them) is held as its decimal
+    string; a float, a bool or anything else is refused."""
+    if type(value) is int:
+        return str(value)
+    if not isinstance(value, str):
+        raise PydanticCustomError(
+            "id_type", "must be a string or an integer, got {kind}", {"kind": _json_kind(value)}
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    kinds = {bool: "a boolean", float: "a number", list: "a list", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+Id = Annotated[str, BeforeValidator(_id_text)]  # read as int or str, held and written as str
 IntArray = Annotated[np.ndarray, _ArrayOf(np.int64, 1)]  # [N] int64
 FloatArray = Annotated[np.ndarray, _ArrayOf(np.float64, 1)]  # [N] float64
 IntArray2D = Annotated[np.ndarray, _ArrayOf(np.int64, 2)]  # [N, K] int64
@@ -171,9 +191,9 @@ class RolloutState(_Record):
     )
 
     # identity
-    rollout_id: str
-    group_id: str
-    session_id: str | None = None  # segments of one agentic session share it
+    rollout_id: Id
+    group_id: Id
+    session_id: Id | None = None  # segments of one agentic session share it
     task_name: str = "default"
     agent_loop: str | None = None  # informational only
 

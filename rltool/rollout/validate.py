@@ -20,15 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rltool.rollout.contract import Severity, Violation, check_samples
-from rltool.rollout.io import LineError, iter_rollouts
+from rltool.rollout.io import LineError, iter_rollouts, not_a_file_reason, open_rollout_file
 from rltool.rollout.state import RolloutState, Status
 
 ProgressFn = Callable[[int], None]  # called with bytes read since the last call
+NO_SAMPLES = "no samples"  # the finding of a file without a single non-blank line (line 0)
 BATCH_TOKENS = 1 << 20  # input_ids of the samples checked together, at most (one may exceed)
 
 
 class InputError(ValueError):
-    """The input cannot be checked at all (missing, a directory, unreadable)."""
+    """The input cannot be checked at all (missing, a directory or FIFO, unreadable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +204,11 @@ def check_readable(paths: Sequence[str | Path]) -> list[Path]:
     for p in out:
         if not p.exists():
             raise InputError(f"{p}: no such file")
-        if not p.is_file():
-            raise InputError(f"{p}: not a regular file (give JSONL rollout files, not a directory)")
+        reason = not_a_file_reason(p.stat().st_mode)
+        if reason is not None:
+            raise InputError(f"{p}: {reason} (give JSONL rollout files)")
         try:
-            p.open("rb").close()
+            open_rollout_file(p).close()
         except OSError as err:
             raise InputError(f"{p}: cannot read ({err.strerror or err})") from err
     return out
@@ -217,14 +219,18 @@ def validate_files(
 ) -> ValidationReport:
     """Check every sample of every file; every violation is collected, none raised.
 
-    Raises InputError when a file is missing, a directory, or cannot be read.
+    A file without a non-blank line is an error ("no samples", line 0). Raises
+    InputError when a file is missing, not a regular file (a directory, a FIFO), or
+    cannot be read.
     """
     resolved = check_readable(paths)
     report = ValidationReport(files=len(resolved))
     checker = _Checker(resolved, report)
     for file_idx, path in enumerate(resolved):
+        lines = 0
         try:
             for line, item in iter_rollouts(path, on_bytes=progress):
+                lines += 1
                 if isinstance(item, LineError):
                     checker.flush()  # findings stay in line order
                     report.violations.append(FileViolation.of_line_error(item))
@@ -234,5 +240,8 @@ def validate_files(
             raise InputError(f"{path}: cannot read ({err.strerror or err})") from err
         checker.flush()
         checker.prev_group = None
+        if lines == 0:  # empty or blank lines only: nothing was checked, nothing to train
+            empty = FileViolation(str(path), 0, None, None, None, None, Severity.ERROR, NO_SAMPLES)
+            report.violations.append(empty)
     report.groups = len(checker.groups)
     return report

@@ -39,7 +39,7 @@ def bwrap_executable() -> str:
         raise SandboxError(
             "bubblewrap is not installed: `apt-get install -y bubblewrap` (needs user namespaces)"
         )
-    for tool in (PRLIMIT, "setpriv", "unshare"):
+    for tool in (PRLIMIT, "setpriv", "unshare", "nsenter", "mount"):
         if shutil.which(tool) is None:
             raise SandboxError(f"{tool} is missing: install util-linux (the sandbox needs it)")
     return path

@@ -1,7 +1,8 @@
 """Resource limits of one sandboxed command, and the ``prlimit`` prefix that applies them.
 
-Every limit but the wall clock is an rlimit set inside the sandbox; the real memory bound
-of a sandbox is ``max_processes * memory_bytes`` (plus its tmpfs).
+Every limit but the wall clock and the work dir's ``disk_bytes`` is an rlimit set inside
+the sandbox; the real memory bound of a sandbox is ``max_processes * memory_bytes`` (plus
+its tmpfs).
 Design: docs/sandbox.md#resource-limits
 """
 
@@ -28,6 +29,9 @@ class SandboxLimits:
     """Bytes kept of each of stdout and stderr (head and tail); the rest is read and dropped."""
     tmp_bytes: int = 64 << 20
     """Size of the sandbox's /tmp and /dev/shm tmpfs each (host memory, so it is capped)."""
+    disk_bytes: int = 1 << 30
+    """Total bytes the work dir may hold, seed included: past it writes fail (ENOSPC) and the
+    run ends LIMIT. Set by the spec's limits when the work dir is made (docs/sandbox.md)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

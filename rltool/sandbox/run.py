@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
@@ -27,7 +25,9 @@ from rltool.sandbox.bwrap import (
     open_userns,
     runs_as_root,
 )
+from rltool.sandbox.classify import SandboxStatus, classify
 from rltool.sandbox.limits import SandboxLimits
+from rltool.sandbox.quota import POLL_S, WorkDirQuota
 from rltool.sandbox.spec import (
     SESSION_SOCKET,
     SESSION_SOCKET_ENV,
@@ -39,35 +39,8 @@ from rltool.sandbox.workdir import create_work_dir, remove_work_dir
 
 _KILL_GRACE_S = 5.0  # after SIGKILL, how long the pipes may take to close
 _READ_CHUNK = 1 << 16
-_CLASSIFY_TAIL = 4096  # stderr bytes searched for limit markers
-
-# Lower-case stderr markers of a failure caused by a limit (best effort: the
-# kernel reports these as ordinary errors, not signals).
-_NPROC_MARKERS = (
-    "resource temporarily unavailable",
-    "cannot fork",
-    "fork: retry",
-    "can't start new thread",
-)
-_FSIZE_MARKERS = ("file too large",)
-_OOM_MARKERS = ("memoryerror", "cannot allocate memory", "std::bad_alloc", "out of memory")
-
-
-class SandboxStatus(StrEnum):
-    OK = "ok"  # the command exited by itself; exit_code says how
-    TIMEOUT = "timeout"  # wall clock (host) or CPU time (SIGXCPU) ran out
-    KILLED = "killed"  # killed from outside (pool closed, an unexplained SIGKILL)
-    OOM = "oom"  # an allocation failed against memory_bytes
-    CRASHED = "crashed"  # ended by a signal that is no limit (SIGSEGV, SIGABRT, ...)
-    LIMIT = "limit"  # the process or file-size limit was hit
-
-
-# A non-zero exit whose stderr shows one of these is put down to that limit.
-_EXIT_MARKERS = (
-    (_NPROC_MARKERS, SandboxStatus.LIMIT, "hitting the process limit ({limits.max_processes})"),
-    (_FSIZE_MARKERS, SandboxStatus.LIMIT, "hitting the file size limit ({limits.max_file_bytes})"),
-    (_OOM_MARKERS, SandboxStatus.OOM, "an allocation failed (memory_bytes={limits.memory_bytes})"),
-)
+# statuses a full work dir explains better: an exit after ENOSPC, or our own kill (poll)
+_QUOTA_CAN_EXPLAIN = (SandboxStatus.OK, SandboxStatus.LIMIT, SandboxStatus.KILLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +143,11 @@ class SandboxProcess:
             self.killed_for = reason
         self.proc.kill()
 
-    def collect(self, limits: SandboxLimits) -> tuple[_Capture, _Capture, int | None, int | None]:
-        """Drain stdout/stderr/status until the sandbox is gone, killing it at the wall clock.
+    def collect(
+        self, limits: SandboxLimits, quota: WorkDirQuota | None = None
+    ) -> tuple[_Capture, _Capture, int | None, int | None]:
+        """Drain stdout/stderr/status until the sandbox is gone, killing it at the wall clock
+        (or, for a work dir that is not a tmpfs, once ``quota.poll`` says it is over).
 
         Returns (stdout, stderr, reported exit code, bwrap's return code).
         """
@@ -187,6 +163,9 @@ class SandboxProcess:
                 now = time.monotonic()
                 if self.killed_for is None and now >= deadline:
                     self.kill("timeout")
+                over = None if quota is None or self.killed_for else quota.poll()
+                if over is not None:
+                    self.kill(over)
                 if self.killed_for is not None and hard_stop is None:
                     hard_stop = now + _KILL_GRACE_S
                 if hard_stop is not None and now >= hard_stop:
@@ -194,7 +173,10 @@ class SandboxProcess:
                         f"sandbox pipes still open {_KILL_GRACE_S} s after SIGKILL "
                         f"(bwrap pid {self.proc.pid})"
                     )
-                for key, _ in sel.select(timeout=max((hard_stop or deadline) - now, 0.0)):
+                wait = max((hard_stop or deadline) - now, 0.0)
+                if quota is not None and not quota.tmpfs:
+                    wait = min(wait, POLL_S)
+                for key, _ in sel.select(timeout=wait):
                     data = os.read(key.fd, _READ_CHUNK)
                     if data:
                         key.data.feed(data)
@@ -218,51 +200,6 @@ class SandboxProcess:
         os.close(self._status_r)
 
 
-def classify(
-    *, exit_code: int | None, killed_for: str | None, stderr: str, limits: SandboxLimits
-) -> tuple[SandboxStatus, int | None, str]:
-    """(status, signal, reason) of a finished sandbox run."""
-    tail = stderr[-_CLASSIFY_TAIL:].lower()
-    if killed_for == "timeout":
-        wall = f"the wall clock of {limits.wall_clock_s} s ran out; the sandbox was killed"
-        if _has(tail, _NPROC_MARKERS):
-            # a fork bomb: its processes retry forking at the limit until the wall clock
-            reason = f"process limit ({limits.max_processes}) reached, then {wall}"
-            return SandboxStatus.LIMIT, signal.SIGKILL, reason
-        return SandboxStatus.TIMEOUT, signal.SIGKILL, wall
-    if killed_for is not None:
-        return SandboxStatus.KILLED, signal.SIGKILL, killed_for
-    if exit_code is None:
-        return SandboxStatus.KILLED, None, "bwrap ended without reporting an exit (killed?)"
-    if 128 < exit_code < 128 + signal.NSIG:
-        return _classify_signal(exit_code - 128, tail, limits)
-    if exit_code != 0:
-        for markers, status, what in _EXIT_MARKERS:
-            if _has(tail, markers):
-                return status, None, f"exited {exit_code} after {what.format(limits=limits)}"
-    return SandboxStatus.OK, None, f"exited {exit_code}"
-
-
-def _has(text: str, markers: tuple[str, ...]) -> bool:
-    return any(m in text for m in markers)
-
-
-def _classify_signal(
-    sig: int, stderr_tail: str, limits: SandboxLimits
-) -> tuple[SandboxStatus, int, str]:
-    name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
-    if sig == signal.SIGXCPU:
-        return SandboxStatus.TIMEOUT, sig, f"cpu time limit of {limits.cpu_seconds} s (SIGXCPU)"
-    if sig == signal.SIGXFSZ:
-        return SandboxStatus.LIMIT, sig, f"file size limit of {limits.max_file_bytes} B (SIGXFSZ)"
-    if _has(stderr_tail, _OOM_MARKERS):
-        return SandboxStatus.OOM, sig, f"{name} after an allocation failed"
-    if sig == signal.SIGKILL:
-        reason = "SIGKILL from inside the sandbox or the kernel (hard cpu limit, host OOM killer)"
-        return SandboxStatus.KILLED, sig, reason
-    return SandboxStatus.CRASHED, sig, f"ended by {name}"
-
-
 class Sandbox:
     """A private work dir seeded from a spec; each ``run`` is a fresh bwrap over it.
 
@@ -273,7 +210,10 @@ class Sandbox:
         self.spec = spec
         self._bwrap = bwrap_executable()
         self._tracker = tracker
-        self.work_dir = create_work_dir(spec)
+        self._work = create_work_dir(spec)
+        self.work_dir = self._work.view
+        """Where the host reads and writes the work dir (as root, its tmpfs via /proc)."""
+        self.quota = WorkDirQuota(self.work_dir, spec.limits.disk_bytes)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -282,7 +222,7 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        remove_work_dir(self.work_dir)
+        remove_work_dir(self._work)
 
     def run(
         self,
@@ -309,16 +249,21 @@ class Sandbox:
         userns_fd: int | None = None
         try:
             userns_fd = open_userns() if runs_as_root() else None
-            argv = launcher_argv() + bwrap_argv(
-                bwrap=self._bwrap,
-                work_dir=self.work_dir,
-                command=command,
-                env=env,
-                limits=limits,
-                status_fd=status_w,
-                userns_fd=userns_fd,
-                ro_binds=binds,
-                socket_path=socket_path,
+            ns = [] if self._work.tmpfs is None else self._work.tmpfs.launcher()
+            argv = (
+                ns
+                + launcher_argv()
+                + bwrap_argv(
+                    bwrap=self._bwrap,
+                    work_dir=self._work.path,
+                    command=command,
+                    env=env,
+                    limits=limits,
+                    status_fd=status_w,
+                    userns_fd=userns_fd,
+                    ro_binds=binds,
+                    socket_path=socket_path,
+                )
             )
             pass_fds = (status_w,) if userns_fd is None else (status_w, userns_fd)
             start = time.perf_counter()
@@ -337,8 +282,9 @@ class Sandbox:
     ) -> SandboxResult:
         if self._tracker is not None:
             self._tracker.add(process)
+        self.quota.begin()
         try:
-            out, err, exit_code, returncode = process.collect(limits)
+            out, err, exit_code, returncode = process.collect(limits, self.quota)
         finally:
             if self._tracker is not None:
                 self._tracker.discard(process)
@@ -353,6 +299,9 @@ class Sandbox:
         status, sig, reason = classify(
             exit_code=exit_code, killed_for=process.killed_for, stderr=stderr, limits=limits
         )
+        if status in _QUOTA_CAN_EXPLAIN and self.quota.exceeded():
+            why = self.quota.reason
+            status, reason = SandboxStatus.LIMIT, why if reason == why else f"{why} ({reason})"
         return SandboxResult(
             status=status,
             exit_code=None if process.killed_for is not None else exit_code,

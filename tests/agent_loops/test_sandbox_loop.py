@@ -249,3 +249,20 @@ def test_train_dump_validate_inspect_sandbox_recipe(tmp_path):
                 assert "Running solution.py failed:" in masked, masked
                 gaps_seen += 1
     assert gaps_seen > 0  # the tiny model's Python never runs: every agent takes 2 turns
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tmpfs work dir needs root")
+def test_disk_quota_from_the_options_fails_only_that_sample(tokenizer, work_parent, tmp_path):
+    """options.limits.disk_bytes reaches the sandbox: an agent writing past it ends LIMIT."""
+    hog = 'open("big", "wb").write(bytes(2 << 20))'
+    loop = make_loop(
+        tokenizer,
+        work_parent,
+        agent_script=agent_script(tmp_path, hog),
+        limits={"disk_bytes": 1 << 20},
+    )
+    assert loop.limits.disk_bytes == 1 << 20
+    ((s,),) = loop.generate_groups([ADD], 1, ["hog"])
+    assert s.status == Status.FAILED and s.reward is None
+    assert s.error.startswith("agent sandbox limit: disk quota of 1048576 bytes exceeded")
+    assert s.extra["agent"]["status"] == "limit"

@@ -414,3 +414,33 @@ def test_expired_group_is_skipped_by_the_explicit_bake(out):
     info = got["data_info"]
     assert (info["data/staleness/expired_samples"], info["data/staleness/stale_tokens"]) == (1, 2)
     assert "stale-1" not in by_id(got)
+
+
+def test_empty_file_exits_1_with_no_samples(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = inspect(empty)
+    assert result.exit_code == 1
+    assert f"error: {empty}: no samples" in result.output.replace("\n", "")
+
+
+def test_a_fifo_is_refused_by_name_without_hanging(tmp_path):
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)  # no writer: reading it would wait forever
+    result = inspect(fifo)
+    assert result.exit_code == 2
+    assert "is a FIFO, not a regular file" in result.output.replace("\n", "")
+    assert "directory" not in result.output
+
+
+def test_integer_ids_are_shown_as_strings(tmp_path):
+    lines = [json.loads(line) for line in ROLLOUTS.read_text().splitlines() if line.strip()]
+    group = [r for r in lines if r["group_id"] == "g-math"]
+    for i, r in enumerate(group):
+        r["rollout_id"], r["group_id"] = 100 + i, 7
+    path = tmp_path / "ints.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in group))
+    result = inspect(path, "--format", "json")
+    assert result.exit_code == 0, result.output
+    ids = [s["rollout_id"] for s in json.loads(result.stdout)["samples"]]
+    assert ids == [str(100 + i) for i in range(len(group))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,28 @@ def test_progress_bar_keeps_json_on_stdout_clean(monkeypatch: pytest.MonkeyPatch
     result = run("--format", "json", BROKEN)
     assert result.exit_code == 1
     assert json.loads(result.stdout)["samples"] == 5
+
+
+def test_empty_file_exits_1_with_no_samples(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = run("--format", "json", empty)
+    assert result.exit_code == 1
+    assert f"error: {empty}: no samples" in result.stderr
+    assert json.loads(result.stdout)["violations"][0]["message"] == "no samples"
+
+
+def test_a_fifo_is_refused_by_name_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)  # no writer: reading it would wait forever
+    result = run(fifo)
+    assert result.exit_code == 2
+    assert f"error: {fifo}: is a FIFO, not a regular file" in result.stderr
+    assert "directory" not in result.stderr
+
+
+def test_integer_ids_validate_clean(tmp_path: Path) -> None:
+    records = [{**json.loads(line), "group_id": 1} for line in CLEAN.read_text().splitlines()[:2]]
+    records = [{**r, "rollout_id": i} for i, r in enumerate(records)]
+    result = run(write_lines(tmp_path / "ints.jsonl", records))
+    assert result.exit_code == 0, result.output

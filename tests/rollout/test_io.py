@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -78,15 +79,16 @@ def test_bad_lines_yield_line_errors_and_reading_goes_on(tmp_path: Path) -> None
 
 
 def test_many_pydantic_errors_are_summarised(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "bad.jsonl", ['{"rollout_id": 1, "extra": {}, "a": 1, "b": 2}'])
+    path = write_lines(tmp_path / "bad.jsonl", ['{"rollout_id": 1.5, "extra": {}, "a": 1, "b": 2}'])
     ((_, err),) = list(iter_rollouts(path))
     assert isinstance(err, LineError)
-    # 5 errors: a, b forbidden; rollout_id not a string; group_id, prompt_ids missing.
+    # 5 errors: a, b forbidden; rollout_id neither a string nor an integer;
+    # group_id, prompt_ids missing.
     # pydantic's order of errors is its own business: check the set, not the order.
     causes = {
         "a": "a: Extra inputs are not permitted",
         "b": "b: Extra inputs are not permitted",
-        "rollout_id": "rollout_id: Input should be a valid string",
+        "rollout_id": "rollout_id: must be a string or an integer, got a number",
         "group_id": "group_id: Field required",
         "prompt_ids": "prompt_ids: Field required",
     }
@@ -145,3 +147,44 @@ def test_write_rollouts_of_nothing_creates_an_empty_file(tmp_path: Path) -> None
     assert write_rollouts(path, []) == 0
     assert path.read_text() == ""
     assert read_groups(path) == []
+
+
+def test_integer_ids_are_read_and_written_as_strings(tmp_path: Path) -> None:
+    """xtuner and many exporters write integer ids: held and written back as strings."""
+    record = {**WORKED, "rollout_id": 17, "group_id": 3, "session_id": 0}
+    path = write_lines(tmp_path / "ints.jsonl", [json.dumps(record)])
+    [(_, s)] = list(iter_samples(path))
+    assert (s.rollout_id, s.group_id, s.session_id) == ("17", "3", "0")
+    out = tmp_path / "out.jsonl"
+    write_rollouts(out, [s])
+    written = json.loads(out.read_text())
+    assert (written["rollout_id"], written["group_id"], written["session_id"]) == ("17", "3", "0")
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(1.5, "a number"), (True, "a boolean"), (None, "null"), ([1], "a list")]
+)
+def test_an_id_that_is_no_string_or_integer_is_named(
+    tmp_path: Path, value: object, kind: str
+) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", [json.dumps({**WORKED, "group_id": value})])
+    [(_, err)] = list(iter_rollouts(path))
+    assert isinstance(err, LineError)
+    assert err.field == "group_id"
+    assert f"group_id: must be a string or an integer, got {kind}" in err.message
+    assert err.rollout_id == WORKED["rollout_id"]
+
+
+def test_integer_rollout_id_is_named_on_a_bad_line(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "bad.jsonl", [json.dumps({**WORKED, "rollout_id": 9, "labels": 1})]
+    )
+    [(_, err)] = list(iter_rollouts(path))
+    assert isinstance(err, LineError) and err.rollout_id == "9"
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)  # no writer: a blocking open would wait forever
+    with pytest.raises(OSError, match="is a FIFO, not a regular file"):
+        list(iter_rollouts(fifo))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,24 @@ def test_progress_sees_every_byte() -> None:
     seen: list[int] = []
     validate_files([CLEAN, BROKEN], progress=seen.append)
     assert sum(seen) == CLEAN.stat().st_size + BROKEN.stat().st_size
+
+
+def test_a_file_without_samples_is_an_error(tmp_path: Path) -> None:
+    empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"
+    empty.write_text("")
+    blank.write_text("\n  \n")
+    report = validate_files([CLEAN, empty, blank])
+    assert not report.ok and report.errors == 2
+    assert [(v.file, v.line, v.message) for v in report.violations] == [
+        (str(empty), 0, "no samples"),
+        (str(blank), 0, "no samples"),
+    ]
+
+
+def test_a_fifo_is_named_as_one(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"pipe\.jsonl: is a FIFO, not a regular file"):
+        validate_files([CLEAN, fifo])
+    with pytest.raises(InputError, match="is a directory, not a regular file"):
+        validate_files([tmp_path])
