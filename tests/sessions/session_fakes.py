@@ -108,6 +108,4 @@ class FixedEngine(RolloutEngine):
     def generate(self, prompts, sampling):
         self.prompts += len(prompts)
         n = len(self.ids)
-        return [
-            Generation(list(self.ids), [-0.5] * n, [0] * n, "stop", self.text) for _ in prompts
-        ]
+        return [Generation(list(self.ids), [-0.5] * n, [0] * n, "stop", self.text) for _ in prompts]
