@@ -36,6 +36,9 @@ DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # a long agent history is well under this
 BACKLOG = 2048  # connections the kernel queues before the server accepts them
 SHUTDOWN_GRACE_S = 30.0  # stop() waits this long for turns in flight, then cancels them
 START_TIMEOUT_S = 30.0
+# an idle keep-alive connection is closed by the client first (httpx: after 5 s), never
+# by the server just as the client sends its next turn on it
+KEEP_ALIVE_S = 75.0
 
 
 def is_loopback(host: str) -> bool:
@@ -146,6 +149,7 @@ class SessionServer:
             access_log=False,
             backlog=BACKLOG,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            timeout_keep_alive=KEEP_ALIVE_S,
             server_header=False,
         )
         self._server = _Uvicorn(config)
