@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -100,6 +100,9 @@ def build_app(server: SessionServer, max_body_bytes: int, api_key: str | None) -
             return JSONResponse(await server.chat(request.path_params["sid"], body))
         except ApiError as exc:
             return error_response(exc)
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            log.info("session server: client left during POST %s", request.url.path)
+            return Response(status_code=400)
         except Exception as exc:  # a server bug: logged with its traceback, answered as a 500
             log.exception("session server: POST %s failed", request.url.path)
             return error_response(ApiError(500, f"internal error: {exc!r}", "server_error"))

@@ -160,3 +160,30 @@ def test_stop_leaves_no_thread_socket_or_socket_file(tokenizer, tmp_path):
     assert set(threading.enumerate()) == threads
     assert fds() - before == set()
     assert not sock.exists()
+
+
+class GatedEngine(FixedEngine):
+    """Holds each engine call until released, telling when one has started."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, "late")
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def generate(self, prompts, sampling):
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the engine"
+        return super().generate(prompts, sampling)
+
+
+def test_an_engine_call_in_flight_does_not_block_the_server(tokenizer):
+    engine = GatedEngine(tokenizer)
+    with SessionServer(engine, tokenizer) as server, ThreadPoolExecutor(1) as pool:
+        server.open_session("slow")
+        url = server.base_url("slow") + "/chat/completions"
+        turn = pool.submit(httpx.post, url, json=CHAT, timeout=60)
+        assert engine.entered.wait(60)
+        # the event loop still serves while the engine works
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(server.base_url("slow") + "/models", timeout=10).status_code == 200
+        engine.release.set()
+        assert turn.result().json()["choices"][0]["message"]["content"] == "late"
