@@ -1,28 +1,30 @@
 """The session server: an OpenAI-compatible HTTP endpoint that records each session.
 
-On loopback and optionally on a Unix socket; each session has its own base URL, so the
-official ``openai`` client works unmodified. Design: docs/agent-loops.md#the-session-server
+An ASGI app (asgi.py) served by uvicorn on its own thread and event loop, on loopback and
+optionally on a Unix socket; each session has its own base URL, so the official ``openai``
+client works unmodified. Design: docs/agent-loops.md#the-session-server
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import ipaddress
 import logging
 import os
 import re
-import socketserver
+import secrets
+import socket
 import threading
-import uuid
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from jinja2 import TemplateError
 
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import RolloutEngine
 from rltool.engines.batcher import GenerationBatcher
+from rltool.sessions.asgi import build_app
 from rltool.sessions.protocol import ApiError, chat_response, parse_chat_request
 from rltool.sessions.session import Session
 from rltool.sessions.tool_calls import parse_reply
@@ -30,11 +32,38 @@ from rltool.sessions.tool_calls import parse_reply
 log = logging.getLogger(__name__)
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-_ROUTE = re.compile(r"/s/(?P<sid>[^/]+)/v1/(?P<rest>chat/completions|models)")
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # a long agent history is well under this
+BACKLOG = 2048  # connections the kernel queues before the server accepts them
+SHUTDOWN_GRACE_S = 30.0  # stop() waits this long for turns in flight, then cancels them
+START_TIMEOUT_S = 30.0
+# an idle keep-alive connection is closed by the client first (httpx: after 5 s), never
+# by the server just as the client sends its next turn on it
+KEEP_ALIVE_S = 75.0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling another thread when it listens."""
+
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
 
 
 class SessionServer:
-    """Sessions, the chat turn, and the HTTP listeners that serve them."""
+    """Sessions, the chat turn, and the uvicorn server that serves them."""
 
     def __init__(
         self,
@@ -47,11 +76,23 @@ class SessionServer:
         unix_socket: str | os.PathLike | None = None,
         model_name: str = "rltool-policy",
         honor_sampling: bool = False,
+        api_key: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ):
+        if not is_loopback(host) and not api_key:
+            raise ValueError(
+                f"session server host {host!r} is not a loopback address: give it an api_key "
+                "(every request must then send 'Authorization: Bearer <api_key>'), "
+                "or bind 127.0.0.1"
+            )
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes {max_body_bytes}: must be at least 1")
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
         self.model_name = model_name
         self.honor_sampling = honor_sampling
+        self.api_key = api_key or None  # on loopback without one, no key is asked
+        self.max_body_bytes = max_body_bytes
         # a reply cut to its turn's budget is decoded as the engine decodes its replies
         self.batcher = GenerationBatcher(
             engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
@@ -60,40 +101,90 @@ class SessionServer:
         self.unix_socket = None if unix_socket is None else Path(unix_socket)
         self.url: str | None = None  # http://host:port once started
         self._sessions: dict[str, Session] = {}
-        self._lock = threading.Lock()  # guards _sessions
-        self._listeners: list[socketserver.BaseServer] = []
-        self._threads: list[threading.Thread] = []
+        self._turn_locks: dict[str, asyncio.Lock] = {}  # one turn at a time per session
+        self._lock = threading.Lock()  # guards _sessions and _turn_locks
+        self._server: _Uvicorn | None = None
+        self._thread: threading.Thread | None = None
+        self._sockets: list[socket.socket] = []
+        self._failure: BaseException | None = None  # of the server thread
 
     # lifecycle
 
+    def _listen(self) -> list[socket.socket]:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        socks = [tcp]
+        try:
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind((self._host, self._port))
+            tcp.listen(BACKLOG)
+            if self.unix_socket is not None:
+                unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                socks.append(unix)
+                unix.bind(str(self.unix_socket))
+                unix.listen(BACKLOG)
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+        return socks
+
     def start(self) -> SessionServer:
+        """Listen, start the engine caller and uvicorn; returns once uvicorn serves."""
+        if self._thread is not None:
+            raise ValueError("the session server is already started")
         if self.unix_socket is not None and self.unix_socket.exists():
             raise ValueError(f"unix socket path {self.unix_socket} already exists; remove it")
-        handler = type("Handler", (_Handler,), {"app": self})
-        tcp = ThreadingHTTPServer((self._host, self._port), handler)
-        self._listeners.append(tcp)
-        self.url = f"http://{self._host}:{tcp.server_address[1]}"
-        if self.unix_socket is not None:
-            self._listeners.append(_UnixHTTPServer(str(self.unix_socket), handler))
+        self._sockets = self._listen()
+        port = self._sockets[0].getsockname()[1]
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self.url = f"http://{host}:{port}"
+        config = uvicorn.Config(
+            build_app(self, self.max_body_bytes, self.api_key),
+            http="h11",
+            ws="none",
+            lifespan="off",
+            log_config=None,  # the host program's logging stays as it is
+            log_level="warning",
+            access_log=False,
+            backlog=BACKLOG,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            server_header=False,
+        )
+        self._server = _Uvicorn(config)
+        self._failure = None
         self.batcher.start()
-        for listener in self._listeners:
-            t = threading.Thread(
-                target=listener.serve_forever, args=(0.05,), name="rltool-sessions", daemon=True
-            )  # poll interval 0.05 s: how long stop() waits for the accept loop
-            t.start()
-            self._threads.append(t)
+        self._thread = threading.Thread(target=self._serve, name="rltool-sessions", daemon=True)
+        self._thread.start()
+        if not self._server.ready.wait(START_TIMEOUT_S) or self._failure is not None:
+            failure = self._failure
+            self.stop()
+            raise RuntimeError(f"the session server did not start: {failure!r}") from failure
         return self
 
+    def _serve(self) -> None:
+        assert self._server is not None
+        try:
+            asyncio.run(self._server.serve(sockets=self._sockets))
+        except BaseException as exc:  # handed to start(), which raises it
+            self._failure = exc
+            log.exception("session server: uvicorn failed")
+        finally:
+            self._server.ready.set()
+
     def stop(self) -> None:
-        for listener in self._listeners:
-            listener.shutdown()
-            listener.server_close()
-        for t in self._threads:
-            t.join()
+        """Stop serving (turns in flight finish first), then the engine caller."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+        for sock in self._sockets:
+            sock.close()
         self.batcher.stop()
         if self.unix_socket is not None and self.unix_socket.exists():
             self.unix_socket.unlink()
-        self._listeners, self._threads = [], []
+        self._server, self._thread, self._sockets = None, None, []
 
     def __enter__(self) -> SessionServer:
         return self.start()
@@ -110,19 +201,22 @@ class SessionServer:
         return f"{self.url}/s/{session_id}/v1"
 
     def open_session(self, session_id: str | None = None) -> Session:
-        session_id = session_id or uuid.uuid4().hex
+        """Open a session; without an id, one of 128 random bits (``secrets``)."""
+        session_id = session_id or secrets.token_hex(16)
         if not _SESSION_ID.fullmatch(session_id):
             raise ValueError(f"session id {session_id!r}: use 1-128 of A-Z a-z 0-9 . _ -")
         with self._lock:
             if session_id in self._sessions:
                 raise ValueError(f"session {session_id!r} is already open")
             session = self._sessions[session_id] = Session(session_id)
+            self._turn_locks[session_id] = asyncio.Lock()
         return session
 
     def close_session(self, session_id: str) -> Session:
         """Stop serving a session and hand back its recording (to ``export``)."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
+            self._turn_locks.pop(session_id, None)
         if session is None:
             raise ValueError(f"session {session_id!r} is not open")
         with session.lock:  # wait for a turn in flight
@@ -134,6 +228,13 @@ class SessionServer:
         if session is None:
             raise ApiError(404, f"session {session_id!r} is not open on this server", "not_found")
         return session
+
+    def _open(self, session_id: str) -> tuple[Session, asyncio.Lock]:
+        with self._lock:
+            session, turn_lock = self._sessions.get(session_id), self._turn_locks.get(session_id)
+        if session is None or turn_lock is None:
+            raise ApiError(404, f"session {session_id!r} is not open on this server", "not_found")
+        return session, turn_lock
 
     # the turn
 
@@ -153,24 +254,34 @@ class SessionServer:
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
 
-    def chat(self, session_id: str, body: Any) -> dict[str, Any]:
-        """One chat turn: render, extend or rewrite the recording, generate, answer."""
-        session = self._session(session_id)
+    async def chat(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One chat turn: render, extend or rewrite the recording, generate, answer.
+        Turns of one session run one at a time; the engine call is awaited, never blocking
+        the event loop."""
+        session, turn_lock = self._open(session_id)
         request = parse_chat_request(body, self.sampling, self.honor_sampling)
         prompt_ids = self.render(request.messages, request.tools)
-        with session.lock:
-            if session.error is not None:
-                raise ApiError(400, f"session {session_id!r} failed earlier: {session.error}")
-            turn = session.plan(prompt_ids, self.decode)
-            n = session.num_turns
-            try:
-                gen = self.batcher.generate(turn.context, request.sampling)
-            except Exception as exc:  # recorded on the session and answered as a 500
-                session.error = f"turn {n}: generation failed: {exc!r}"
-                log.exception("session %s turn %d: generation failed", session_id, n)
-                raise ApiError(500, session.error, "server_error") from exc
-            reply = parse_reply(gen.text, f"call_{n}")
-            session.commit(turn, gen, [*request.messages, reply.message()], bool(reply.tool_calls))
+        async with turn_lock:
+            # held across the engine call: close_session waits for the turn; only this
+            # session's turn (the asyncio lock's holder) takes it on the event loop
+            with session.lock:
+                if self._sessions.get(session_id) is not session:
+                    raise ApiError(404, f"session {session_id!r} was closed", "not_found")
+                if session.error is not None:
+                    raise ApiError(400, f"session {session_id!r} failed earlier: {session.error}")
+                turn = session.plan(prompt_ids, self.decode)
+                n = session.num_turns
+                try:
+                    future = self.batcher.submit(turn.context, request.sampling)
+                    # shielded: a cancelled request must not cancel the batcher's future
+                    gen = await asyncio.shield(asyncio.wrap_future(future))
+                except Exception as exc:  # recorded on the session and answered as a 500
+                    session.error = f"turn {n}: generation failed: {exc!r}"
+                    log.exception("session %s turn %d: generation failed", session_id, n)
+                    raise ApiError(500, session.error, "server_error") from exc
+                reply = parse_reply(gen.text, f"call_{n}")
+                messages = [*request.messages, reply.message()]
+                session.commit(turn, gen, messages, bool(reply.tool_calls))
         return chat_response(
             f"chatcmpl-{session_id}-{n}",
             self.model_name,
@@ -183,60 +294,3 @@ class SessionServer:
     def models(self) -> dict[str, Any]:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rltool"}
         return {"object": "list", "data": [model]}
-
-
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the openai client reuses its connection
-    app: SessionServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("session server: " + format, *args)
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.log_request(status)
-        head = (
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-        )
-        # status, headers and body in one write: two small writes on a keep-alive
-        # TCP connection meet Nagle and delayed ACK, a 40 ms stall per response
-        self.wfile.write(head.encode() + data)
-
-    def _route(self) -> tuple[str, str]:
-        match = _ROUTE.fullmatch(self.path.split("?", 1)[0])
-        if match is None:
-            raise ApiError(404, f"no route {self.path}; use /s/<session_id>/v1/...", "not_found")
-        return match["sid"], match["rest"]
-
-    def do_GET(self) -> None:
-        try:
-            if self.path == "/health":
-                self._send(200, {"status": "ok"})
-                return
-            self.app._session(self._route()[0])
-            self._send(200, self.app.models())
-        except ApiError as exc:
-            self._send(exc.status, exc.body())
-
-    def do_POST(self) -> None:
-        # read the body first: left unread, it would corrupt the next request on this connection
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        try:
-            session_id, rest = self._route()
-            if rest != "chat/completions":
-                raise ApiError(405, f"POST {self.path} is not supported")
-            try:
-                body = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ApiError(400, f"the request body is not JSON: {exc}") from exc
-            self._send(200, self.app.chat(session_id, body))
-        except ApiError as exc:
-            self._send(exc.status, exc.body())
-        except Exception as exc:  # a server bug: logged with its traceback, answered as a 500
-            log.exception("session server: POST %s failed", self.path)
-            self._send(500, ApiError(500, f"internal error: {exc!r}", "server_error").body())

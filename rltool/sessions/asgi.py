@@ -1,0 +1,126 @@
+"""The session server's HTTP face: a Starlette app (routes, body limit, API key) for uvicorn.
+
+Design: docs/agent-loops.md#the-session-server
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rltool.sessions.protocol import ApiError
+
+if TYPE_CHECKING:
+    from rltool.sessions.server import SessionServer
+
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _too_large(size: str, limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body has {size} bytes; this server takes at most {limit} "
+        "(the session server's max_body_bytes)",
+        "request_too_large",
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 on a declared length over ``limit`` before reading a byte,
+    or as soon as a chunked body passes it: memory stays under ``limit`` plus one chunk.
+    What the client still sends is discarded by uvicorn."""
+    declared = request.headers.get("content-length")
+    # h11 answers a Content-Length that is not a byte count with 400 before the app runs
+    if declared is not None and int(declared) > limit:
+        raise _too_large(declared, limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(f"over {limit}", limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class BearerKey:
+    """Answers 401 to any request without ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app: ASGIApp, key: str):
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                exc = ApiError(
+                    401,
+                    "this session server needs 'Authorization: Bearer <api_key>' "
+                    "(the key it was started with)",
+                    "authentication_error",
+                )
+                await error_response(exc, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(server: SessionServer, max_body_bytes: int, api_key: str | None) -> ASGIApp:
+    """The routes of ``server``: health, models and chat completions per session."""
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        try:
+            server._session(request.path_params["sid"])
+        except ApiError as exc:
+            return error_response(exc)
+        return JSONResponse(server.models())
+
+    async def chat(request: Request) -> Response:
+        try:
+            raw = await read_body(request, max_body_bytes)
+            try:
+                body: Any = json.loads(raw)
+            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+                raise ApiError(400, f"the request body is not JSON: {exc}") from exc
+            return JSONResponse(await server.chat(request.path_params["sid"], body))
+        except ApiError as exc:
+            return error_response(exc)
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            log.info("session server: client left during POST %s", request.url.path)
+            return Response(status_code=400)
+        except Exception as exc:  # a server bug: logged with its traceback, answered as a 500
+            log.exception("session server: POST %s failed", request.url.path)
+            return error_response(ApiError(500, f"internal error: {exc!r}", "server_error"))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}; use /s/<session_id>/v1/..."
+            return error_response(ApiError(404, message, "not_found"))
+        message = f"{request.method} {request.url.path} is not supported ({exc.detail})"
+        return error_response(ApiError(exc.status_code, message))
+
+    app: ASGIApp = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/s/{sid}/v1/models", models, methods=["GET"]),
+            Route("/s/{sid}/v1/chat/completions", chat, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+    return app if api_key is None else BearerKey(app, api_key)
