@@ -1,4 +1,4 @@
-"""``rltool train recipe.yaml [key=value ...]`` and ``rltool train --resume RUN_DIR [key=value ...]``."""
+"""``rltool train RECIPE [key=value ...]``, ``rltool train --resume RUN_DIR [key=value ...]``."""
 
 from __future__ import annotations
 
