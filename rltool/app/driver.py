@@ -166,6 +166,7 @@ def _loop(
         first_eval, last_eval = (_scores(evals[0]), _scores(evals[-1])) if evals else ({}, {})
         last_eval_step = evals[-1]["step"] if evals else -1
     stopped_by = "steps"
+    saved, saved_at = None, None
     started = time.perf_counter()
     stop = StopRequest()
     with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
@@ -180,7 +181,8 @@ def _loop(
             fault_point("train", run.step)
             if cfg.save_every and run.step % cfg.save_every == 0:
                 state = trainer_state(run, writer.lines)
-                save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+                saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+                saved_at = (run.step, writer.lines)
             if stop.requested:
                 stopped_by = stop.signal_name
                 break
@@ -189,9 +191,10 @@ def _loop(
                 break
     if stopped_by in ("steps", "time_budget") and last_eval_step != run.step:
         last_eval = _evaluate(run, writer, view)
-    state = trainer_state(run, writer.lines)
-    path = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
-    view.note(f"checkpoint saved: {path}")
+    if saved_at != (run.step, writer.lines):  # not saved already with these very lines
+        state = trainer_state(run, writer.lines)
+        saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+    view.note(f"checkpoint saved: {saved}")
     outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
     view.summary(outcome, run.history)
     return outcome

@@ -208,3 +208,14 @@ def test_signal_stops_cleanly_with_the_shell_exit_code(
     assert _shows(result.output, f"interrupted by {sig.name} after step 1, checkpoint saved")
     assert _shows(result.output, f"stopped by {sig.name}")
     assert (tmp_path / "t" / "checkpoints" / "latest").read_text().strip() == "step_000001"
+
+
+def test_resume_without_any_complete_checkpoint_names_the_run(tiny_checkpoint, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / ".tmp-step_000001").mkdir(parents=True)  # killed in its save
+    made = load_recipe(RECIPE, [f"model.path={tiny_checkpoint}", "data.eval_limit=2"])
+    (run_dir / "config.yaml").write_text(recipe_to_yaml(made))
+    result = _run(["train", "--resume", str(run_dir)])
+    assert result.exit_code == 1
+    assert _shows(result.output, f"no complete checkpoint to resume from in {run_dir}")
+    assert "Traceback" not in result.output
