@@ -14,7 +14,7 @@ EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
 
 def train(
-    recipe: Path = typer.Argument(
+    recipe: str = typer.Argument(
         None, help="Recipe YAML (e.g. recipes/gsm8k_tiny.yaml); with --resume, optional."
     ),
     overrides: list[str] = typer.Argument(None, help="Dotlist overrides: trainer.steps=5 ..."),
@@ -37,8 +37,8 @@ def train(
     from rltool.config.loader import load_recipe, recipe_to_yaml, resume_recipe
 
     overrides = list(overrides or [])
-    if resume is not None and recipe is not None and "=" in recipe.name and not recipe.exists():
-        overrides.insert(0, str(recipe))  # `--resume RUN key=value`: no recipe, an override
+    if resume is not None and recipe is not None and "=" in recipe and not Path(recipe).exists():
+        overrides.insert(0, recipe)  # `--resume RUN key=value`: no recipe, an override
         recipe = None
     try:
         if resume is not None:
