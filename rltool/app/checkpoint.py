@@ -180,17 +180,15 @@ def open_checkpoint(run_dir: Path, load_weights: Callable[[Path], None] | None =
     ``load_weights``, weights) load; every newer one is skipped with its reason."""
     skipped: list[str] = []
     for ckpt in checkpoint_dirs(run_dir):
-        reason = verify_checkpoint(ckpt)
-        state = None
-        if reason is None:
-            try:
+        try:
+            reason = verify_checkpoint(ckpt)
+            if reason is None:
                 state = load_trainer_state(ckpt)
                 if load_weights is not None:
                     load_weights(ckpt)
-            except Exception as exc:  # any damage: reported as this checkpoint's skip reason
-                reason = f"does not load ({type(exc).__name__}: {_first_line(exc)})"
-        if reason is None and state is not None:
-            return Resumable(ckpt, state, skipped)
+                return Resumable(ckpt, state, skipped)
+        except Exception as exc:  # any damage: reported as this checkpoint's skip reason
+            reason = f"does not load ({type(exc).__name__}: {_first_line(exc)})"
         skipped.append(f"{ckpt.name}: {reason}")
     detail = "; ".join(skipped) if skipped else "no checkpoints/step_* directory"
     raise NoCheckpointError(
