@@ -63,6 +63,12 @@ def train(
     except (ValueError, FileNotFoundError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
+    except KeyboardInterrupt as exc:  # a second Ctrl-C: stop now, without a save
+        Console(stderr=True).print(
+            "[bold yellow]aborted[/] by a second Ctrl-C; the newest complete checkpoint stays "
+            "(rltool train --resume RUN_DIR continues from it)"
+        )
+        raise typer.Exit(EXIT_CODES["SIGINT"]) from exc
     code = EXIT_CODES.get(outcome.stopped_by)
     if code is not None:
         Console().print(
