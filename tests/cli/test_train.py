@@ -219,3 +219,13 @@ def test_resume_without_any_complete_checkpoint_names_the_run(tiny_checkpoint, t
     assert result.exit_code == 1
     assert _shows(result.output, f"no complete checkpoint to resume from in {run_dir}")
     assert "Traceback" not in result.output
+
+
+def test_second_ctrl_c_aborts_with_130_and_no_traceback(tiny_checkpoint, tmp_path, monkeypatch):
+    def abort(*args, **kwargs):
+        raise KeyboardInterrupt  # what StopRequest raises on the second Ctrl-C
+
+    monkeypatch.setattr(driver, "_step", abort)
+    result = _run(_small(tiny_checkpoint, tmp_path, 2))
+    assert result.exit_code == 130
+    assert _shows(result.output, "aborted by a second Ctrl-C")
