@@ -1,20 +1,24 @@
-"""Atomic checkpoints: HF weights plus everything needed to resume exactly.
+"""Atomic, verified checkpoints: HF weights plus everything needed to resume exactly.
 
 Layout under ``<run_dir>/checkpoints/``::
 
     step_000010/            model (safetensors, HF format) + tokenizer
     step_000010/trainer_state.pt   optimizer, scheduler, RNG states, step, and the
                                    producer (replay buffer, accounting, prompt position)
-    latest                  name of the newest complete checkpoint
+    step_000010/manifest.json      every other file's size and sha256, written last
+    latest                  name of the newest checkpoint (a hint: resume scans step_*)
 
 Design: docs/app.md#checkpoints
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from rltool.app.faults import fault_point
+
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "manifest.json"
 LATEST = "latest"
 
 
@@ -32,9 +39,13 @@ class TrainerState:
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
     rng: dict[str, Any]
-    extra: dict[str, Any]  # e.g. best eval so far
+    extra: dict[str, Any]  # history, metrics.jsonl lines written before the save
     # the producer's state: replay buffer, accounting, task sampler, requests in flight
     producer: dict[str, Any]
+
+
+class NoCheckpointError(ValueError):
+    """No complete, loadable checkpoint in a run directory."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -56,12 +67,30 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_manifest(ckpt: Path) -> None:
+    """Size and sha256 of every file, fsynced first; the manifest itself goes last."""
+    files = {}
+    for path in sorted(p for p in ckpt.rglob("*") if p.is_file()):
+        _fsync(path)
+        rel = path.relative_to(ckpt).as_posix()
+        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    tmp = ckpt / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"files": files}, indent=1) + "\n")
+    _fsync(tmp)
+    os.replace(tmp, ckpt / MANIFEST)
 
 
 def save_checkpoint(
@@ -87,14 +116,16 @@ def save_checkpoint(
         },
         tmp / STATE_FILE,
     )
-    _fsync_dir(tmp)
+    fault_point("save", state.step)  # the fault drill: weights and state written, no manifest
+    _write_manifest(tmp)
+    _fsync(tmp)
     if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
         shutil.rmtree(final)
     os.rename(tmp, final)
     latest_tmp = ckpt_root / f".{LATEST}.tmp"
     latest_tmp.write_text(name + "\n")
     os.replace(latest_tmp, ckpt_root / LATEST)
-    _fsync_dir(ckpt_root)
+    _fsync(ckpt_root)
     _prune(ckpt_root, keep_last)
     return final
 
@@ -105,16 +136,70 @@ def _prune(ckpt_root: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """Why ``ckpt`` is not complete (a one-line reason), or None when its manifest holds."""
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file():
+        return f"no {MANIFEST} (the save did not finish)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        entries = [(rel, int(e["size"]), str(e["sha256"])) for rel, e in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
+    if STATE_FILE not in files:
+        return f"{MANIFEST} does not list {STATE_FILE}"
+    for rel, size, digest in entries:
+        path = ckpt / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{rel} size {actual} != {size} in the manifest"
+        if _sha256(path) != digest:
+            return f"{rel} sha256 differs from the manifest (bytes changed in place)"
+    return None
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Every ``step_*`` directory of a run, newest first (the ``latest`` pointer is not
+    needed: the step is in the name)."""
+    root = run_dir / "checkpoints"
+    found = [p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+
+@dataclass(slots=True)
+class Resumable:
+    path: Path
+    state: TrainerState
+    skipped: list[str]  # "step_000006: model.safetensors size 123 != 4567 in the manifest"
+
+
+def open_checkpoint(run_dir: Path, load_weights: Callable[[Path], None] | None = None) -> Resumable:
+    """The newest checkpoint whose manifest holds and whose trainer state (and, with
+    ``load_weights``, weights) load; every newer one is skipped with its reason."""
+    skipped: list[str] = []
+    for ckpt in checkpoint_dirs(run_dir):
+        try:
+            reason = verify_checkpoint(ckpt)
+            if reason is None:
+                state = load_trainer_state(ckpt)
+                if load_weights is not None:
+                    load_weights(ckpt)
+                return Resumable(ckpt, state, skipped)
+        except Exception as exc:  # any damage: reported as this checkpoint's skip reason
+            reason = f"does not load ({type(exc).__name__}: {_first_line(exc)})"
+        skipped.append(f"{ckpt.name}: {reason}")
+    detail = "; ".join(skipped) if skipped else "no checkpoints/step_* directory"
+    raise NoCheckpointError(
+        f"no complete checkpoint to resume from in {run_dir} ({detail}); "
+        "start a new run instead of --resume"
+    )
+
+
 def latest_checkpoint(run_dir: Path) -> Path:
-    """The newest complete checkpoint of a run; a clear error if there is none."""
-    ckpt_root = run_dir / "checkpoints"
-    pointer = ckpt_root / LATEST
-    if not pointer.is_file():
-        raise FileNotFoundError(f"no checkpoint to resume from in {run_dir} ({pointer} is missing)")
-    path = ckpt_root / pointer.read_text().strip()
-    if not (path / STATE_FILE).is_file():
-        raise FileNotFoundError(f"checkpoint {path} named by {pointer} is incomplete")
-    return path
+    """The newest complete checkpoint of a run (manifest verified); a clear error if none."""
+    return open_checkpoint(run_dir).path
 
 
 def load_trainer_state(ckpt: Path) -> TrainerState:
@@ -127,3 +212,7 @@ def load_trainer_state(ckpt: Path) -> TrainerState:
         extra=raw["extra"],
         producer=raw["producer"],
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""

@@ -3,16 +3,24 @@ checkpoint; what happens is told to a ``RunView``."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rltool.app.checkpoint import save_checkpoint
-from rltool.app.metrics_log import MetricsWriter
+from rltool.app.faults import fault_point
+from rltool.app.metrics_log import MetricsWriter, trim_metrics
 from rltool.app.run import Run, build_run, evaluate, resume, trainer_state
 from rltool.app.signals import StopRequest
 from rltool.app.view import RunView, SilentView
-from rltool.config.loader import recipe_to_yaml
+from rltool.config.loader import (
+    RUN_CONFIG,
+    config_changes,
+    format_changes,
+    load_recipe,
+    recipe_to_yaml,
+)
 from rltool.config.schema import RecipeConfig
 from rltool.rollout.io import write_rollouts
 
@@ -58,17 +66,47 @@ def _train(
     view.show_staleness = recipe.produce.mode == "async"
     run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
+    evals = None
     if resume_dir is not None:
-        ckpt = resume(run, resume_dir)
-        view.note(f"resumed from {ckpt} at step {run.step}")
+        evals = _resume(run, recipe, resume_dir, view)
     else:
-        (run_dir / "config.yaml").write_text(recipe_to_yaml(recipe))
+        (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
     dump = dump_rollouts or recipe.logging.dump_rollouts
     writer = MetricsWriter(run_dir, tensorboard=recipe.logging.tensorboard)
     try:
-        return _loop(run, run_dir, writer, view, dump)
+        return _loop(run, run_dir, writer, view, dump, evals)
     finally:
         writer.close()
+
+
+def _resume(run: Run, recipe: RecipeConfig, run_dir: Path, view: RunView) -> list[dict]:
+    """Load the checkpoint, cut metrics.jsonl back to it, record the config changes;
+    returns the evaluation lines kept."""
+    found = resume(run, run_dir)
+    for line in found.skipped:
+        view.note(f"skipped {line}")
+    view.note(f"resumed from {found.path} at step {run.step}")
+    kept = trim_metrics(run_dir, found.state.extra["metrics_lines"])
+    changes = config_changes(load_recipe(run_dir / RUN_CONFIG), recipe)
+    if changes:
+        view.note(
+            f"config changed on resume (key: run value -> new value):\n{format_changes(changes)}"
+        )
+        (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
+    record = {
+        "step": run.step,
+        "checkpoint": found.path.name,
+        "skipped": found.skipped,
+        "changes": {key: [old, new] for key, old, new in changes},
+    }
+    with (run_dir / "resumes.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=repr) + "\n")
+    if run.step >= recipe.trainer.steps:
+        view.note(
+            f"the run has already reached trainer.steps={recipe.trainer.steps}; "
+            "give trainer.steps=N to train on"
+        )
+    return [x for x in kept if x.get("kind") == "eval"]
 
 
 def _evaluate(run: Run, writer: MetricsWriter, view: RunView) -> dict[str, float]:
@@ -80,11 +118,16 @@ def _evaluate(run: Run, writer: MetricsWriter, view: RunView) -> dict[str, float
     return metrics
 
 
+def _scores(line: dict) -> dict[str, float]:
+    return {k: v for k, v in line.items() if "/" in k}
+
+
 def _step(run: Run, run_dir: Path, view: RunView, dump: bool) -> tuple[dict[str, float], list]:
     """One train step: the producer's batch, fit, then the new weights to the workers."""
     t_step = time.perf_counter()
     produced = run.producer.produce(run.step + 1)
     t_gen = time.perf_counter() - t_step
+    fault_point("generate", run.step + 1)
     view.rollout_errors(run.producer.errors, run.producer.backend.pop_deaths())
     groups = produced.groups
     if dump:
@@ -104,12 +147,26 @@ def _step(run: Run, run_dir: Path, view: RunView, dump: bool) -> tuple[dict[str,
     return metrics, result.batch.skipped_groups
 
 
-def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: RunView, dump: bool):
+def _loop(
+    run: Run,
+    run_dir: Path,
+    writer: MetricsWriter,
+    view: RunView,
+    dump: bool,
+    evals: list[dict] | None,
+) -> TrainOutcome:
+    """Steps until done. A resumed run (``evals``: the evaluation lines kept) evaluates
+    no step twice: an evaluation at its checkpoint's step is already in metrics.jsonl."""
     cfg = run.recipe.trainer
     ckpt_root = run_dir / "checkpoints"
-    first_eval = _evaluate(run, writer, view)
-    last_eval = first_eval
+    if evals is None:
+        first_eval = _evaluate(run, writer, view)
+        last_eval, last_eval_step = first_eval, run.step
+    else:
+        first_eval, last_eval = (_scores(evals[0]), _scores(evals[-1])) if evals else ({}, {})
+        last_eval_step = evals[-1]["step"] if evals else -1
     stopped_by = "steps"
+    saved, saved_at = None, None
     started = time.perf_counter()
     stop = StopRequest()
     with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
@@ -120,19 +177,24 @@ def _loop(run: Run, run_dir: Path, writer: MetricsWriter, view: RunView, dump: b
             view.step_line(run.step, metrics, skipped)
             advance()
             if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
-                last_eval = _evaluate(run, writer, view)
+                last_eval, last_eval_step = _evaluate(run, writer, view), run.step
+            fault_point("train", run.step)
             if cfg.save_every and run.step % cfg.save_every == 0:
-                save_checkpoint(ckpt_root, run.model, run.tokenizer, trainer_state(run))
+                state = trainer_state(run, writer.lines)
+                saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+                saved_at = (run.step, writer.lines)
             if stop.requested:
                 stopped_by = stop.signal_name
                 break
             if cfg.time_budget_s and time.perf_counter() - started > cfg.time_budget_s:
                 stopped_by = "time_budget"
                 break
-    if stopped_by in ("steps", "time_budget"):
+    if stopped_by in ("steps", "time_budget") and last_eval_step != run.step:
         last_eval = _evaluate(run, writer, view)
-    path = save_checkpoint(ckpt_root, run.model, run.tokenizer, trainer_state(run))
-    view.note(f"checkpoint saved: {path}")
+    if saved_at != (run.step, writer.lines):  # not saved already with these very lines
+        state = trainer_state(run, writer.lines)
+        saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+    view.note(f"checkpoint saved: {saved}")
     outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
     view.summary(outcome, run.history)
     return outcome

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from rltool.app.checkpoint import (
+    Resumable,
     TrainerState,
     capture_rng,
-    latest_checkpoint,
-    load_trainer_state,
+    open_checkpoint,
     restore_rng,
 )
 from rltool.config.loader import load_recipe
@@ -170,25 +170,30 @@ def evaluate(run: Run) -> dict[str, float]:
     return evaluate_tasks(backend.evaluate, run.specs, run.eval_rows, sampling)
 
 
-def trainer_state(run: Run) -> TrainerState:
+def trainer_state(run: Run, metrics_lines: int) -> TrainerState:
+    """What a checkpoint holds besides the weights; ``metrics_lines``: lines of
+    ``metrics.jsonl`` written so far (a resume cuts the file back to them)."""
     updater = run.controller.updater
     return TrainerState(
         step=run.step,
         optimizer=updater.optimizer.state_dict(),
         scheduler=updater.scheduler.state_dict(),
         rng=capture_rng(),
-        extra={"history": run.history},
+        extra={"history": run.history, "metrics_lines": metrics_lines},
         producer=run.producer.state_dict(),
     )
 
 
-def resume(run: Run, run_dir: Path) -> Path:
-    """Load the newest checkpoint of ``run_dir`` into ``run``; returns its path."""
-    ckpt = latest_checkpoint(run_dir)
+def resume(run: Run, run_dir: Path) -> Resumable:
+    """Load the newest complete, loadable checkpoint of ``run_dir`` into ``run``; newer
+    damaged ones are skipped and listed (``Resumable.skipped``)."""
     from safetensors.torch import load_model
 
-    load_model(run.model, str(ckpt / "model.safetensors"))  # strict: every weight restored
-    state = load_trainer_state(ckpt)
+    def load_weights(ckpt: Path) -> None:  # strict: every weight restored
+        load_model(run.model, str(ckpt / "model.safetensors"))
+
+    found = open_checkpoint(run_dir, load_weights)
+    state = found.state
     updater = run.controller.updater
     updater.optimizer.load_state_dict(state.optimizer)
     updater.scheduler.load_state_dict(state.scheduler)
@@ -198,7 +203,7 @@ def resume(run: Run, run_dir: Path) -> Path:
     restore_rng(state.rng)
     run.step = state.step
     run.history = list(state.extra.get("history", []))
-    return ckpt
+    return found
 
 
 def generate_batch_from_recipe(path: str, overrides: list[str]):

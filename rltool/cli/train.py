@@ -1,4 +1,4 @@
-"""``rltool train recipe.yaml [key=value ...]``."""
+"""``rltool train RECIPE [key=value ...]``, ``rltool train --resume RUN_DIR [key=value ...]``."""
 
 from __future__ import annotations
 
@@ -6,33 +6,49 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
+
+# the shell's convention for a process ended by a signal: 128 + the signal's number
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
 
 def train(
-    recipe: Path = typer.Argument(..., help="Recipe YAML (e.g. recipes/gsm8k_tiny.yaml)."),
+    recipe: str = typer.Argument(
+        None, help="Recipe YAML (e.g. recipes/gsm8k_tiny.yaml); with --resume, optional."
+    ),
     overrides: list[str] = typer.Argument(None, help="Dotlist overrides: trainer.steps=5 ..."),
     print_config: bool = typer.Option(
         False, "--print-config", help="Print the resolved recipe and exit."
     ),
     resume: Path = typer.Option(
-        None, "--resume", help="Continue the run in this directory from its last checkpoint."
+        None,
+        "--resume",
+        help="Continue the run in this directory from its newest complete checkpoint, with "
+        "its own config.yaml (overrides change it; a recipe given must match it).",
     ),
     dump_rollouts: bool = typer.Option(
         False, "--dump-rollouts", help="Write each step's rollouts to RUN_DIR/rollouts/*.jsonl."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary."),
 ) -> None:
-    """Train a policy with RL as the recipe says."""
-    from rltool.config.loader import load_recipe, recipe_to_yaml
+    """Train a policy with RL as the recipe says. Exit 130 / 143 after a clean stop on
+    Ctrl-C / SIGTERM (the checkpoint is saved)."""
+    from rltool.config.loader import load_recipe, recipe_to_yaml, resume_recipe
 
-    overrides = overrides or []
-    if resume is not None and not recipe.exists():
-        raise typer.BadParameter(f"recipe {recipe} does not exist")
+    overrides = list(overrides or [])
+    if resume is not None and recipe is not None and "=" in recipe and not Path(recipe).exists():
+        overrides.insert(0, recipe)  # `--resume RUN key=value`: no recipe, an override
+        recipe = None
     try:
-        cfg = load_recipe(recipe, overrides)
+        if resume is not None:
+            cfg = resume_recipe(resume, overrides, recipe)
+        elif recipe is None:
+            raise ValueError("give a recipe (rltool train RECIPE.yaml) or --resume RUN_DIR")
+        else:
+            cfg = load_recipe(recipe, overrides)
     except (ValueError, FileNotFoundError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     if print_config:
         Console().print(Syntax(recipe_to_yaml(cfg), "yaml"))
@@ -43,7 +59,21 @@ def train(
 
     view = TrainView(quiet=quiet)
     try:
-        run_training(cfg, resume_dir=resume, dump_rollouts=dump_rollouts, view=view)
+        outcome = run_training(cfg, resume_dir=resume, dump_rollouts=dump_rollouts, view=view)
     except (ValueError, FileNotFoundError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
+    except KeyboardInterrupt as exc:  # a second Ctrl-C: stop now, without a save
+        Console(stderr=True).print(
+            "[bold yellow]aborted[/] by a second Ctrl-C; the newest complete checkpoint stays "
+            "(rltool train --resume RUN_DIR continues from it)"
+        )
+        raise typer.Exit(EXIT_CODES["SIGINT"]) from exc
+    code = EXIT_CODES.get(outcome.stopped_by)
+    if code is not None:
+        Console().print(
+            f"[bold yellow]interrupted by {outcome.stopped_by}[/] after step "
+            f"{outcome.steps_done}, checkpoint saved; continue with: "
+            f"rltool train --resume {escape(str(outcome.run_dir))}"
+        )
+        raise typer.Exit(code)

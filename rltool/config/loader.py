@@ -69,6 +69,76 @@ def recipe_to_yaml(cfg: RecipeConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+RUN_CONFIG = "config.yaml"  # a run's resolved recipe, in its run directory
+
+
+def config_changes(old: RecipeConfig, new: RecipeConfig) -> list[tuple[str, Any, Any]]:
+    """``(key, old value, new value)`` for every full key whose value differs."""
+    a, b = _flat(_container(old)), _flat(_container(new))
+    missing = _Absent()
+    return [
+        (key, a.get(key, missing), b.get(key, missing))
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, missing) != b.get(key, missing)
+    ]
+
+
+def format_changes(changes: list[tuple[str, Any, Any]]) -> str:
+    return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in changes)
+
+
+def resume_recipe(
+    run_dir: str | Path, overrides: Sequence[str] = (), recipe: str | Path | None = None
+) -> RecipeConfig:
+    """The recipe a resumed run continues with: the run's own ``config.yaml`` with the
+    overrides applied. A ``recipe`` given as well must resolve (with the same overrides)
+    to that same config; a ValueError lists every difference otherwise."""
+    saved = Path(run_dir) / RUN_CONFIG
+    if not saved.is_file():
+        raise ValueError(
+            f"--resume {run_dir}: {saved} is missing; give the directory of a run that "
+            "rltool train made (runs/<name>)"
+        )
+    current = load_recipe(saved, overrides)
+    if recipe is not None:
+        diff = config_changes(current, load_recipe(recipe, overrides))
+        if diff:
+            raise ValueError(
+                f"recipe {recipe} differs from the run's {saved} (key: run value -> recipe "
+                f"value):\n{format_changes(diff)}\nto continue the run as it was, leave the "
+                f"recipe out: rltool train --resume {run_dir} [key=value ...]"
+            )
+    return current
+
+
+class _Absent:
+    """A key one config has and the other lacks (an extra ``tasks`` item)."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+def _container(cfg: RecipeConfig) -> dict[str, Any]:
+    raw = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    assert isinstance(raw, dict)
+    return raw
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Full keys to leaf values; a list of sections (``tasks``) by item: ``tasks[0].weight``."""
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out |= _flat(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(tree, list) and tree and all(isinstance(x, dict) for x in tree):
+        out = {}
+        for i, item in enumerate(tree):
+            out |= _flat(item, f"{prefix}[{i}]")
+        return out
+    return {prefix: tree}
+
+
 def find_recipes(root: str | Path | None = None) -> list[Path]:
     """Every recipe YAML under ``<root>/recipes`` (default: the repository's)."""
     base = Path(root) if root is not None else _REPO_ROOT

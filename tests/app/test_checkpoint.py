@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import random
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rltool.app import checkpoint as ckpt_mod
 from rltool.app.checkpoint import (
+    NoCheckpointError,
     TrainerState,
     capture_rng,
     latest_checkpoint,
     load_trainer_state,
+    open_checkpoint,
     restore_rng,
     save_checkpoint,
+    verify_checkpoint,
 )
 from rltool.produce.sampler import PromptSampler
 
@@ -69,6 +76,7 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(root, model, _Tok(), _state(2))
     monkeypatch.undo()
+    assert not (root / ".tmp-step_000002" / "manifest.json").exists()
 
     latest = latest_checkpoint(run_dir)
     assert latest.name == "step_000001"
@@ -88,8 +96,107 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
+    with pytest.raises(NoCheckpointError, match="no complete checkpoint to resume from in") as e:
         latest_checkpoint(tmp_path)
+    assert str(tmp_path) in str(e.value)
+
+
+def _two_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    model = _model()
+    for step in (1, 2):
+        save_checkpoint(run_dir / "checkpoints", model, _Tok(), _state(step))
+    return run_dir, run_dir / "checkpoints" / "step_000002"
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
+    _, newest = _two_checkpoints(tmp_path)
+    files = json.loads((newest / "manifest.json").read_text())["files"]
+    assert sorted(files) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "trainer_state.pt",
+    ]
+    state = files["trainer_state.pt"]
+    data = (newest / "trainer_state.pt").read_bytes()
+    assert state == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert verify_checkpoint(newest) is None
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:100])
+    return f"model.safetensors size 100 != {len(data)} in the manifest"
+
+
+def _random_bytes_in_place(path):
+    size = path.stat().st_size
+    path.write_bytes(random.Random(0).randbytes(size))  # same size: only the checksum sees it
+    return "trainer_state.pt sha256 differs from the manifest (bytes changed in place)"
+
+
+def _missing(path):
+    path.unlink()
+    return "model.safetensors is missing"
+
+
+def _no_manifest(path):
+    path.unlink()
+    return "no manifest.json (the save did not finish)"
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("model.safetensors", _truncate),
+        ("trainer_state.pt", _random_bytes_in_place),
+        ("model.safetensors", _missing),
+        ("manifest.json", _no_manifest),
+    ],
+)
+def test_damaged_newest_checkpoint_is_skipped_with_the_reason(tmp_path, name, damage):
+    run_dir, newest = _two_checkpoints(tmp_path)
+    reason = damage(newest / name)
+    found = open_checkpoint(run_dir)
+    assert found.path.name == "step_000001" and found.state.step == 1
+    assert found.skipped == [f"step_000002: {reason}"]
+
+
+def test_checkpoint_that_does_not_load_is_skipped(tmp_path):
+    run_dir, newest = _two_checkpoints(tmp_path)
+
+    def load_weights(ckpt):
+        if ckpt == newest:
+            raise RuntimeError("Error(s) in loading state_dict: missing key lm_head")
+
+    found = open_checkpoint(run_dir, load_weights)
+    assert found.path.name == "step_000001"
+    assert found.skipped == [
+        "step_000002: does not load (RuntimeError: Error(s) in loading state_dict: "
+        "missing key lm_head)"
+    ]
+
+
+def test_missing_latest_pointer_is_recovered_by_scanning(tmp_path):
+    run_dir, newest = _two_checkpoints(tmp_path)
+    (run_dir / "checkpoints" / "latest").unlink()
+    found = open_checkpoint(run_dir)
+    assert found.path == newest and found.skipped == []
+
+
+def test_every_checkpoint_damaged_is_a_clear_error_naming_each(tmp_path):
+    run_dir, newest = _two_checkpoints(tmp_path)
+    _missing(newest / "model.safetensors")
+    _truncate(run_dir / "checkpoints" / "step_000001" / "model.safetensors")
+    with pytest.raises(NoCheckpointError) as e:
+        open_checkpoint(run_dir)
+    msg = str(e.value)
+    assert msg.startswith(f"no complete checkpoint to resume from in {run_dir} (")
+    assert (
+        "step_000002: model.safetensors is missing; step_000001: model.safetensors size 100" in msg
+    )
 
 
 def test_rng_roundtrip():

@@ -12,11 +12,14 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from short_runs import short_train_args
 from typer.testing import CliRunner
 
+from rltool.app import driver
 from rltool.app.signals import StopRequest
 from rltool.cli.app import app
+from rltool.config.loader import load_recipe, recipe_to_yaml
 from rltool.rollout.io import read_groups
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
@@ -100,3 +103,129 @@ def test_sigterm_requests_a_clean_stop():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested and stop.signal_name == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is not stop._handle
+
+
+def _shows(output: str, text: str) -> bool:
+    """``text`` is in the output, however rich wrapped it (whitespace ignored)."""
+    return "".join(text.split()) in "".join(output.split())
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_needs_no_recipe_and_records_the_overrides(tiny_checkpoint, tmp_path):
+    assert _run(_small(tiny_checkpoint, tmp_path, 1)).exit_code == 0
+    run_dir = tmp_path / "t"
+    result = _run(["train", "--resume", str(run_dir), "trainer.steps=2", "data.eval_limit=2"])
+    assert result.exit_code == 0, result.output
+    assert _shows(result.output, f"resumed from {run_dir}/checkpoints/step_000001 at step 1")
+    assert "trainer.steps: 1 -> 2" in result.output and "data.eval_limit: 4 -> 2" in result.output
+    config = (run_dir / "config.yaml").read_text()
+    assert "steps: 2" in config and "eval_limit: 2" in config
+    record = json.loads((run_dir / "resumes.jsonl").read_text())
+    assert record == {
+        "step": 1,
+        "checkpoint": "step_000001",
+        "skipped": [],
+        "changes": {"data.eval_limit": [4, 2], "trainer.steps": [1, 2]},
+    }
+    # eval at 0 (first run), train 1, eval at 1 (end of the first run), train 2, eval at 2
+    assert [(x["step"], x["kind"]) for x in _lines(run_dir)] == [
+        (0, "eval"),
+        (1, "train"),
+        (1, "eval"),
+        (2, "train"),
+        (2, "eval"),
+    ]
+
+
+def test_resume_with_a_differing_recipe_is_refused_with_the_differences(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    made = load_recipe(RECIPE, ["data.eval_limit=8", "data.prompts_per_step=8"])
+    (run_dir / "config.yaml").write_text(recipe_to_yaml(made))
+    result = _run(["train", RECIPE, "--resume", str(run_dir)])
+    assert result.exit_code == 2
+    out = " ".join(result.output.split())  # rich wraps long lines
+    assert "differs from the run's" in out
+    assert "data.eval_limit: 8 -> 200" in out and "data.prompts_per_step: 8 -> 32" in out
+    # the same overrides make the recipe resolve to the run's config: accepted
+    same = ["train", RECIPE, "data.eval_limit=8", "data.prompts_per_step=8"]
+    ok = _run([*same, "--resume", str(run_dir), "--print-config"])
+    assert ok.exit_code == 0, ok.output
+    assert "eval_limit: 8" in ok.output
+
+
+def test_resume_of_a_directory_without_config_is_a_clear_error(tmp_path):
+    result = _run(["train", "--resume", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "config.yaml is missing" in " ".join(result.output.split())
+
+
+def test_damaged_newest_checkpoint_is_skipped_and_metrics_cut_back(tiny_checkpoint, tmp_path):
+    args = _small(tiny_checkpoint, tmp_path, 3, "trainer.save_every=1", "trainer.eval_every=1")
+    assert _run(args).exit_code == 0
+    run_dir = tmp_path / "t"
+    before = [(x["step"], x["kind"]) for x in _lines(run_dir)]
+    newest = run_dir / "checkpoints" / "step_000003" / "model.safetensors"
+    size = newest.stat().st_size
+    newest.write_bytes(newest.read_bytes()[:64])  # a truncated safetensors
+    (run_dir / "checkpoints" / "latest").unlink()
+    result = _run(["train", "--resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert _shows(out, f"skipped step_000003: model.safetensors size 64 != {size} in the manifest")
+    assert _shows(out, f"resumed from {run_dir}/checkpoints/step_000002 at step 2")
+    assert "Traceback" not in out
+    # steps 1..3 trained and evaluated once each: the step-3 lines of the first run were cut
+    assert [(x["step"], x["kind"]) for x in _lines(run_dir)] == before
+    assert before == [
+        (0, "eval"),
+        (1, "train"),
+        (1, "eval"),
+        (2, "train"),
+        (2, "eval"),
+        (3, "train"),
+        (3, "eval"),
+    ]
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_stops_cleanly_with_the_shell_exit_code(
+    tiny_checkpoint, tmp_path, monkeypatch, sig, code
+):
+    real_step = driver._step
+
+    def step_then_signal(*args, **kwargs):
+        out = real_step(*args, **kwargs)
+        os.kill(os.getpid(), sig)  # arrives during step 1: the run finishes it and saves
+        return out
+
+    monkeypatch.setattr(driver, "_step", step_then_signal)
+    result = _run(_small(tiny_checkpoint, tmp_path, 5))
+    assert result.exit_code == code, result.output
+    assert _shows(result.output, f"interrupted by {sig.name} after step 1, checkpoint saved")
+    assert _shows(result.output, f"stopped by {sig.name}")
+    assert (tmp_path / "t" / "checkpoints" / "latest").read_text().strip() == "step_000001"
+
+
+def test_resume_without_any_complete_checkpoint_names_the_run(tiny_checkpoint, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / ".tmp-step_000001").mkdir(parents=True)  # killed in its save
+    made = load_recipe(RECIPE, [f"model.path={tiny_checkpoint}", "data.eval_limit=2"])
+    (run_dir / "config.yaml").write_text(recipe_to_yaml(made))
+    result = _run(["train", "--resume", str(run_dir)])
+    assert result.exit_code == 1
+    assert _shows(result.output, f"no complete checkpoint to resume from in {run_dir}")
+    assert "Traceback" not in result.output
+
+
+def test_second_ctrl_c_aborts_with_130_and_no_traceback(tiny_checkpoint, tmp_path, monkeypatch):
+    def abort(*args, **kwargs):
+        raise KeyboardInterrupt  # what StopRequest raises on the second Ctrl-C
+
+    monkeypatch.setattr(driver, "_step", abort)
+    result = _run(_small(tiny_checkpoint, tmp_path, 2))
+    assert result.exit_code == 130
+    assert _shows(result.output, "aborted by a second Ctrl-C")
