@@ -28,6 +28,7 @@ from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState, Status
 from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export
+from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,15 @@ class LoopCounters:
         return counts
 
 
+def check_max_body_bytes(max_body_bytes: int) -> None:
+    """``agent_loop.options.max_body_bytes``: the session server's request body limit."""
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ValueError(
+            f"agent_loop.options.max_body_bytes must be a whole number of bytes >= 1, "
+            f"got {max_body_bytes!r}"
+        )
+
+
 def session_metrics(counts: Mapping[str, float]) -> dict[str, float]:
     """Slash-namespaced figures from the raw counts of ``LoopCounters``."""
     sessions = max(counts.get("sessions", 0.0), 1.0)
@@ -259,6 +269,7 @@ class LocalhostLoop(AgentLoop):
         max_concurrent: int = 256,
         request_timeout_s: float = 600.0,
         honor_sampling: bool = False,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ):
         try:
             import openai
@@ -270,6 +281,7 @@ class LocalhostLoop(AgentLoop):
             raise ValueError(
                 f"agent_loop.options.max_concurrent must be >= 1, got {max_concurrent}"
             )
+        check_max_body_bytes(max_body_bytes)
         super().__init__(ctx)
         self._openai = openai
         self.agent = load_callable(agent, "agent")
@@ -277,6 +289,7 @@ class LocalhostLoop(AgentLoop):
         self.max_concurrent = max_concurrent
         self.request_timeout_s = request_timeout_s
         self.honor_sampling = honor_sampling
+        self.max_body_bytes = max_body_bytes
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
 
@@ -310,7 +323,11 @@ class LocalhostLoop(AgentLoop):
     def _server(self, sampling: SamplingConfig) -> Iterator[SessionServer]:
         # One server per call: nothing outlives the step, and the sampling is the call's.
         server = SessionServer(
-            self.engine, self.server_tokenizer, sampling, honor_sampling=self.honor_sampling
+            self.engine,
+            self.server_tokenizer,
+            sampling,
+            honor_sampling=self.honor_sampling,
+            max_body_bytes=self.max_body_bytes,
         )
         with server:
             yield server

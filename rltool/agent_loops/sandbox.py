@@ -20,6 +20,7 @@ from typing import Any
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.localhost import (
     LoopCounters,
+    check_max_body_bytes,
     count_session,
     error_text,
     eval_metrics,
@@ -42,6 +43,7 @@ from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
 from rltool.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxSpec, default_env
 from rltool.sessions import SessionServer
+from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
 
 AGENT_DIR = "/agent"  # where the agent script is bound read-only
 CHECK_DIR = "/check"  # where a task's check_files are bound read-only
@@ -115,6 +117,7 @@ class SandboxLoop(AgentLoop):
         check_limits: Mapping[str, Any] | None = None,
         work_parent: str | None = None,
         honor_sampling: bool = False,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ):
         if max_concurrent < 1:
             raise ValueError(
@@ -122,7 +125,9 @@ class SandboxLoop(AgentLoop):
             )
         if max_turns < 1:
             raise ValueError(f"agent_loop.options.max_turns must be >= 1, got {max_turns}")
+        check_max_body_bytes(max_body_bytes)
         super().__init__(ctx)
+        self.max_body_bytes = max_body_bytes
         self.max_concurrent = max_concurrent
         self.python, python_binds = sandbox_python(python)
         script = resolve_script(agent_script)
@@ -176,6 +181,7 @@ class SandboxLoop(AgentLoop):
                     sampling or self.sampling,
                     unix_socket=sock_dir / "session.sock",
                     honor_sampling=self.honor_sampling,
+                    max_body_bytes=self.max_body_bytes,
                 )
             )
             pool = stack.enter_context(SandboxPool(self.max_concurrent))

@@ -321,3 +321,12 @@ def test_train_dump_validate_inspect_localhost_recipe(tmp_path):
                 assert "calculator:" in masked or "<tool_response>" in masked, masked
                 gaps_seen += 1
     assert gaps_seen > 0
+
+
+def test_the_session_servers_body_limit_is_an_option(tokenizer):
+    loop, _ = make_loop(tokenizer, "#### 12", max_body_bytes=4096)
+    with loop._server(SamplingConfig(max_new_tokens=4)) as server:
+        assert server.max_body_bytes == 4096
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="agent_loop.options.max_body_bytes must be"):
+            make_loop(tokenizer, "#### 12", max_body_bytes=bad)
