@@ -328,5 +328,5 @@ def test_the_session_servers_body_limit_is_an_option(tokenizer):
     with loop._server(SamplingConfig(max_new_tokens=4)) as server:
         assert server.max_body_bytes == 4096
     for bad in (0, -1, 1.5):
-        with pytest.raises(ValueError, match="agent_loop.options.max_body_bytes must be"):
+        with pytest.raises(ValueError, match=r"agent_loop\.options\.max_body_bytes must be"):
             make_loop(tokenizer, "#### 12", max_body_bytes=bad)
