@@ -25,6 +25,15 @@ def ground_truth_of(task: dict[str, Any]) -> str:
     return extract_answer(answer) or answer.strip()
 
 
+def score_response(text: str, truth: str) -> RewardResult:
+    """The reward of one response; a reward function that raises is an error result
+    (``"<Exception>: message"``), so the sample FAILS with it and is never scored 0.0."""
+    try:
+        return gsm8k_reward(text, truth)
+    except Exception as exc:  # recorded on the sample and counted, never swallowed
+        return RewardResult(None, "error", f"{type(exc).__name__}: {exc}")
+
+
 @register("gsm8k")
 class GSM8KLoop(AgentLoop):
     """Single-turn question answering rewarded by the final number (prompt+response)."""
@@ -106,7 +115,7 @@ class GSM8KLoop(AgentLoop):
         state = self.canonicalize_train_fields(state, gen.logprobs)
         if state.status == Status.FAILED:
             return state
-        return self._reward(state, gsm8k_reward(gen.text, truth))
+        return self._reward(state, score_response(gen.text, truth))
 
     def _reward(self, state: RolloutState, result: RewardResult) -> RolloutState:
         state.reward = {
@@ -142,7 +151,7 @@ class GSM8KLoop(AgentLoop):
         prompts = [self.prompt_ids(self.prompt_messages(t)) for t in tasks]
         gens = self.engine.generate(prompts, sampling)
         results = [
-            gsm8k_reward(g.text, ground_truth_of(t)) for g, t in zip(gens, tasks, strict=True)
+            score_response(g.text, ground_truth_of(t)) for g, t in zip(gens, tasks, strict=True)
         ]
         correct = np.array([r.correct for r in results], dtype=np.float64)  # [N]
         lengths = np.array([len(g.token_ids) for g in gens], dtype=np.float64)  # [N]

@@ -75,7 +75,7 @@ class InProcessBackend(RolloutBackend):
         if exc is None:
             return future.result()
         # RolloutWorker.generate turns loop errors into outcomes; this is the engine itself
-        error = f"worker inprocess: generate raised {type(exc).__name__}: {exc}"
+        error = f"worker: {type(exc).__name__}: {exc} (generate raised, on worker inprocess)"
         return [GroupOutcome(r, None, error=error, worker="inprocess") for r in batch]
 
     @property

@@ -24,6 +24,7 @@ from rltool.produce.result import (
     Fate,
     GroupError,
     ProduceBatchResult,
+    failure_metrics,
     produced_totals,
     rollout_metrics,
     staleness_metrics,
@@ -49,7 +50,7 @@ class _Tally:
     loop_metrics: dict[str, float] = field(default_factory=dict)  # summed over outcomes
     expired_groups: int = 0
     expired_samples: int = 0
-    failed_groups: int = 0
+    failed: list[Group] = field(default_factory=list)  # groups filed FAILED (samples: why)
     filtered_groups: int = 0
     errors: list[GroupError] = field(default_factory=list)  # every error outcome
     refills: int = 0
@@ -255,7 +256,7 @@ class Producer:
             tally.expired_groups += 1
             tally.expired_samples += len(group)
         if fate == Fate.FAILED:
-            tally.failed_groups += 1
+            tally.failed.append(group)
         if fate in (Fate.FAILED, Fate.DROPPED):
             self._forget(gid)
 
@@ -277,7 +278,9 @@ class Producer:
             self._retry(gid)
             return
         ids = self._retry_ids.get(gid) or [f"{gid}/{i}" for i in range(o.request.n)]
-        group = failed_group(o.request, ids, f"generation failed twice, last: {o.error}")
+        # the cause first: its short reason is what step lines and summaries count
+        why = f"{o.error}\n(generation of group {gid} failed twice; this is the second error)"
+        group = failed_group(o.request, ids, why)
         self._put(group, o.request, train_step, tally)
 
     def _regenerate_waiting(self, tally: _Tally) -> None:
@@ -307,6 +310,7 @@ class Producer:
             **tally.loop_metrics,
             **rollout_metrics(tally.generated),
             **per_task_metrics(tally.generated),
+            **failure_metrics(tally.failed),
             **staleness_metrics(batch, train_step),
             "staleness/expired_samples": float(tally.expired_samples),
             "staleness/stale_tokens_masked": float(stale),
@@ -319,11 +323,12 @@ class Producer:
         }
         return ProduceBatchResult(
             groups=batch,
+            failed_groups=tally.failed,
             leftover_init=self.backend.in_flight,
             leftover_completed=self.buffer.sizes()["completed"],
             leftover_aborted=self.buffer.sizes()["aborted"],
             leftover_expired=tally.expired_groups,
-            leftover_failed=tally.failed_groups,
+            leftover_failed=len(tally.failed),
             leftover_filtered=tally.filtered_groups,
             produced_samples=samples,
             produced_tokens=tokens,

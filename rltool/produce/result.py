@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rltool.rollout.failures import count_reasons
 from rltool.rollout.staleness import token_staleness
 from rltool.rollout.state import RolloutState, Status
 
@@ -183,6 +184,13 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
     }
 
 
+def failure_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float]:
+    """``failures/samples`` (FAILED samples) and ``failures/<reason>`` per short reason."""
+    reasons = count_reasons(s for g in groups for s in g)
+    out = {"failures/samples": float(sum(reasons.values()))}
+    return out | {f"failures/{r}": float(n) for r, n in reasons.items()}
+
+
 def produced_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[int, int]:
     """Samples and generated tokens (``response_ids``, environment tokens included)."""
     samples = [s for g in groups for s in g]
@@ -207,9 +215,12 @@ class ProduceBatchResult:
     completed / aborted / expired = waiting in the buffer (expired: reset for
     regeneration; with ``expired: drop`` the groups dropped this call);
     failed / filtered = produced this call and never trained.
+    ``failed_groups`` holds the FAILED groups themselves (their samples keep ``error``),
+    so a dump of the step can show why they never trained.
     """
 
     groups: list[Group]  # [G][group size], one inner list per prompt
+    failed_groups: list[Group] = field(default_factory=list)  # [F][group size], never trained
     leftover_init: int = 0
     leftover_completed: int = 0
     leftover_aborted: int = 0

@@ -75,16 +75,17 @@ class RolloutWorker:
         loop = self.loops.get(first.task_name)
         if loop is None:
             known = ", ".join(sorted(self.loops))
-            return self._failed(batch, f"unknown task {first.task_name!r}; known: {known}", t0)
+            why = f"worker: unknown task {first.task_name!r} (known: {known})"
+            return self._failed(batch, why, t0)
         try:
             groups = loop.generate_groups(
                 [r.task for r in batch], first.n, [r.group_id for r in batch], first.sampling
             )
             metrics = loop.pop_metrics()
         except Exception as exc:  # a loop's bug or environment failure: outcomes, not a crash
-            return self._failed(batch, f"{type(exc).__name__}: {exc}", t0)
+            return self._failed(batch, f"{loop.name}: {type(exc).__name__}: {exc}", t0)
         if len(groups) != len(batch):
-            why = f"loop {first.task_name!r} returned {len(groups)} groups for {len(batch)} tasks"
+            why = f"worker: loop {loop.name!r} returned {len(groups)} groups for {len(batch)} tasks"
             return self._failed(batch, why, t0)
         elapsed, end = time.perf_counter() - t0, time.time()
         # the loop's counters belong to the whole batch: they ride on its first outcome
@@ -100,12 +101,14 @@ class RolloutWorker:
         ]
 
     def _failed(self, batch: list[GroupRequest], error: str, t0: float) -> list[GroupOutcome]:
+        """Error outcomes: ``error`` starts with its short reason (``gsm8k: ValueError``,
+        rltool.rollout.failures), the worker's name follows."""
         elapsed, end = time.perf_counter() - t0, time.time()
         return [
             GroupOutcome(
                 request=r,
                 group=None,
-                error=f"worker {self.name}: {error}",
+                error=f"{error} (on worker {self.name})",
                 gen_time_s=elapsed,
                 worker=self.name,
                 metrics={FINISHED_AT: end},

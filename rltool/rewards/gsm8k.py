@@ -107,9 +107,9 @@ def gsm8k_reward(
     try:
         equal = future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
-        msg = f"math-verify timed out after {timeout_s:g} s on {answer!r} vs {gold!r}"
+        msg = f"timeout: math-verify timed out after {timeout_s:g} s on {answer!r} vs {gold!r}"
         return RewardResult(None, "error", msg, extracted=answer)
     except Exception as exc:  # any failure of the checker is recorded, never scored 0.0
-        msg = f"math-verify failed on {answer!r} vs {gold!r}: {type(exc).__name__}: {exc}"
+        msg = f"{type(exc).__name__}: math-verify failed on {answer!r} vs {gold!r}: {exc}"
         return RewardResult(None, "error", msg, extracted=answer)
     return RewardResult(float(equal), "ok", extracted=answer)

@@ -9,6 +9,7 @@ import math_verify
 import pytest
 
 from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
+from rltool.rollout.failures import failure_reason
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,8 @@ def test_checker_exception_is_an_error_not_zero(monkeypatch: pytest.MonkeyPatch)
     r = gsm8k_reward("#### 0.5", "\\frac{1}{2}")
     assert r.status == "error"
     assert r.score is None
-    assert "RuntimeError: sympy exploded" in r.error
+    assert r.error.startswith("RuntimeError: ") and r.error.endswith(": sympy exploded")
+    assert failure_reason(f"reward: {r.error}") == "reward: RuntimeError"
     assert not r.correct
 
 
@@ -73,6 +75,7 @@ def test_checker_timeout_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     r = gsm8k_reward("#### 0.5", "\\frac{1}{2}", timeout_s=0.05)
     assert r.status == "error"
     assert "timed out after 0.05 s" in r.error
+    assert failure_reason(f"reward: {r.error}") == "reward: timeout"
 
 
 def test_works_outside_the_main_thread() -> None:
