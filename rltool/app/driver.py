@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rltool.app.checkpoint import save_checkpoint
+from rltool.app.failed_steps import (
+    all_failed,
+    failed_streak,
+    new_failures,
+    run_failures,
+    stop_message,
+    trained_nothing_message,
+    trained_samples,
+)
 from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
 from rltool.app.run import Run, build_run, evaluate, resume, trainer_state
@@ -29,9 +38,13 @@ from rltool.rollout.io import write_rollouts
 class TrainOutcome:
     run_dir: Path
     steps_done: int
-    stopped_by: str  # "steps" | "time_budget" | "SIGINT" | "SIGTERM"
+    stopped_by: str  # "steps" | "time_budget" | "SIGINT" | "SIGTERM" | "failures"
     first_eval: dict[str, float]
     last_eval: dict[str, float]
+    failures: dict[str, int] = field(default_factory=dict)  # failed samples by reason, run-wide
+    # why the run is not a success (it stopped on failures, or trained on no sample at
+    # all); the CLI exits with failed_steps.EXIT_TRAINED_NOTHING
+    failure: str | None = None
 
 
 def new_run_dir(recipe: RecipeConfig) -> Path:
@@ -122,18 +135,20 @@ def _scores(line: dict) -> dict[str, float]:
     return {k: v for k, v in line.items() if "/" in k}
 
 
-def _step(run: Run, run_dir: Path, view: RunView, dump: bool) -> tuple[dict[str, float], list]:
-    """One train step: the producer's batch, fit, then the new weights to the workers."""
+def _step(
+    run: Run, run_dir: Path, view: RunView, dump: bool
+) -> tuple[dict[str, float], list, list]:
+    """One train step: the producer's batch, fit, then the new weights to the workers;
+    returns the metrics, the groups the trainer skipped, and the step's FAILED groups."""
     t_step = time.perf_counter()
     produced = run.producer.produce(run.step + 1)
     t_gen = time.perf_counter() - t_step
     fault_point("generate", run.step + 1)
     view.rollout_errors(run.producer.errors, run.producer.backend.pop_deaths())
     groups = produced.groups
-    if dump:
-        write_rollouts(
-            run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl", [s for g in groups for s in g]
-        )
+    if dump:  # the FAILED groups too, with their errors: what explains a bad step
+        samples = [s for g in groups + produced.failed_groups for s in g]
+        write_rollouts(run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl", samples)
     # the step being taken is run.step + 1: tokens sampled from the current weights
     # (version run.step) have staleness 0, as the contract's section 6 says
     train_start = time.time()
@@ -144,7 +159,7 @@ def _step(run: Run, run_dir: Path, view: RunView, dump: bool) -> tuple[dict[str,
     metrics = {**produced.metrics(), **result.metrics}
     metrics |= {"time/generate": t_gen, "time/overlap": overlap}
     metrics["time/step"] = time.perf_counter() - t_step
-    return metrics, result.batch.skipped_groups
+    return metrics, result.batch.skipped_groups, produced.failed_groups
 
 
 def _loop(
@@ -167,22 +182,30 @@ def _loop(
         last_eval_step = evals[-1]["step"] if evals else -1
     stopped_by = "steps"
     saved, saved_at = None, None
+    first_step, unsaved_from = len(run.history), len(run.history)  # history index
+    seen: set[str] = set()  # failure reasons shown in full already
     started = time.perf_counter()
     stop = StopRequest()
     with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
         while run.step < cfg.steps:
-            metrics, skipped = _step(run, run_dir, view, dump)
+            metrics, skipped, failed = _step(run, run_dir, view, dump)
             run.history.append(metrics)
             writer.write(run.step, metrics, kind="train")
             view.step_line(run.step, metrics, skipped)
+            for reason, example in new_failures(failed, seen):
+                view.failure(reason, example)
             advance()
+            if failed_streak(run.history) >= cfg.max_failed_steps:
+                stopped_by = "failures"
+                break
             if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
                 last_eval, last_eval_step = _evaluate(run, writer, view), run.step
             fault_point("train", run.step)
-            if cfg.save_every and run.step % cfg.save_every == 0:
+            # a step in which every sample failed changed nothing worth a checkpoint
+            if cfg.save_every and run.step % cfg.save_every == 0 and not all_failed(metrics):
                 state = trainer_state(run, writer.lines)
                 saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
-                saved_at = (run.step, writer.lines)
+                saved_at, unsaved_from = (run.step, writer.lines), len(run.history)
             if stop.requested:
                 stopped_by = stop.signal_name
                 break
@@ -191,10 +214,27 @@ def _loop(
                 break
     if stopped_by in ("steps", "time_budget") and last_eval_step != run.step:
         last_eval = _evaluate(run, writer, view)
-    if saved_at != (run.step, writer.lines):  # not saved already with these very lines
+    if _saves_at_end(run.history[unsaved_from:], stopped_by) and saved_at != (
+        run.step,
+        writer.lines,
+    ):  # not saved already with these very lines
         state = trainer_state(run, writer.lines)
         saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
-    view.note(f"checkpoint saved: {saved}")
+    view.note(f"checkpoint saved: {saved}" if saved else "no checkpoint saved")
     outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
+    outcome.failures = run_failures(run.history)
+    if stopped_by == "failures":
+        outcome.failure = stop_message(failed_streak(run.history), outcome.failures)
+    elif len(run.history) > first_step and trained_samples(run.history) == 0:
+        outcome.failure = trained_nothing_message(len(run.history), outcome.failures)
     view.summary(outcome, run.history)
     return outcome
+
+
+def _saves_at_end(unsaved: list[dict[str, float]], stopped_by: str) -> bool:
+    """The final save, unless every step since the last one (or the start) trained nothing
+    because its samples failed: nothing new to keep, and a resume redoes those steps.
+    A stop by signal always saves (exit 130/143 promise a checkpoint)."""
+    if stopped_by in ("SIGINT", "SIGTERM") or not unsaved:
+        return True
+    return not all(all_failed(m) for m in unsaved)

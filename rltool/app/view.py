@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from rltool.produce.backend import WorkerDeath
 from rltool.produce.result import GroupError
+from rltool.rollout.state import RolloutState
 
 
 class RunView(Protocol):
@@ -29,6 +30,9 @@ class RunView(Protocol):
     def progress(self, total: int, done: int = 0) -> AbstractContextManager[Callable[[], None]]: ...
 
     def step_line(self, step: int, metrics: dict[str, float], skipped: list[Any]) -> None: ...
+
+    def failure(self, reason: str, example: RolloutState) -> None:
+        """The first sample of the run that failed for ``reason``, shown in full."""
 
     def eval_line(self, step: int, metrics: dict[str, float]) -> None: ...
 
@@ -54,6 +58,9 @@ class SilentView:
         yield lambda: None
 
     def step_line(self, step: int, metrics: dict[str, float], skipped: list[Any]) -> None:
+        pass
+
+    def failure(self, reason: str, example: RolloutState) -> None:
         pass
 
     def eval_line(self, step: int, metrics: dict[str, float]) -> None:

@@ -33,7 +33,9 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary."),
 ) -> None:
     """Train a policy with RL as the recipe says. Exit 130 / 143 after a clean stop on
-    Ctrl-C / SIGTERM (the checkpoint is saved)."""
+    Ctrl-C / SIGTERM (the checkpoint is saved); exit 3 when the run trained on no sample
+    at all, or stopped because every sample failed trainer.max_failed_steps steps in a row
+    (the failure reasons are printed)."""
     from rltool.config.loader import load_recipe, recipe_to_yaml, resume_recipe
 
     overrides = list(overrides or [])
@@ -55,6 +57,7 @@ def train(
         return
 
     from rltool.app.driver import train as run_training
+    from rltool.app.failed_steps import EXIT_TRAINED_NOTHING
     from rltool.report.train_view import TrainView
 
     view = TrainView(quiet=quiet)
@@ -77,3 +80,6 @@ def train(
             f"rltool train --resume {escape(str(outcome.run_dir))}"
         )
         raise typer.Exit(code)
+    if outcome.failure is not None:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(outcome.failure)}")
+        raise typer.Exit(EXIT_TRAINED_NOTHING)

@@ -115,6 +115,7 @@ RANGES: dict[str, Range] = {
     "trainer.eval_every": at_least(0),
     "trainer.save_every": at_least(0),
     "trainer.time_budget_s": above(0, null=True),
+    "trainer.max_failed_steps": at_least(1),
 }
 
 

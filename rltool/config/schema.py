@@ -156,6 +156,8 @@ class TrainerConfig:
     eval_every: int = 10  # 0 = only at start and end
     save_every: int = 0  # 0 = only at the end
     time_budget_s: float | None = None  # stop early after this many seconds of training
+    # stop (exit 3) after this many consecutive steps in which every sample failed
+    max_failed_steps: int = 3
 
 
 @dataclass

@@ -16,6 +16,7 @@ from rich.table import Table
 if TYPE_CHECKING:  # records only: the view does not import the producer (torch)
     from rltool.produce.backend import WorkerDeath
     from rltool.produce.result import GroupError
+    from rltool.rollout.state import RolloutState
 
 # (metric key, label, format) of the compact per-step line
 STEP_FIELDS = (
@@ -50,6 +51,21 @@ def staleness_figure(metrics: dict[str, float]) -> str | None:
     expired = int(metrics.get("staleness/expired_samples", 0))
     masked = int(metrics.get("staleness/stale_tokens_masked", 0))
     return f"0:{s0} 1:{s1} 2+:{s2} exp {expired} mask {masked}"
+
+
+def failure_counts(metrics: dict[str, float]) -> str | None:
+    """``6 (4 reward: timeout, 2 agent: ValueError)``: the step's failed samples by
+    reason (the ``failures/*`` figures); None when no sample failed."""
+    total = int(metrics.get("failures/samples", 0))
+    if total == 0:
+        return None
+    reasons = [
+        (k.removeprefix("failures/"), int(v))
+        for k, v in metrics.items()
+        if k.startswith("failures/") and k != "failures/samples"
+    ]
+    reasons.sort(key=lambda rn: (-rn[1], rn[0]))
+    return f"{total} (" + ", ".join(f"{n} {r}" for r, n in reasons) + ")"
 
 
 def _plural(n: int, word: str) -> str:
@@ -145,6 +161,20 @@ class TrainView:
                 reasons[g.reason] = reasons.get(g.reason, 0) + 1
             text = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
             self.console.print(f"           [yellow]skipped groups: {text}[/]")
+        failed = failure_counts(metrics)
+        if failed is not None:
+            self.console.print(f"           [yellow]failed samples: {escape(failed)}[/]")
+
+    def failure(self, reason: str, example: RolloutState) -> None:
+        """A reason seen for the first time in the run: one sample's whole error."""
+        if self.quiet:
+            return
+        where = f"sample {example.rollout_id}, task {example.task_name or '?'}"
+        self.console.print(
+            f"[bold yellow]new failure reason:[/] [yellow]{escape(reason)}[/] "
+            f"[dim]({escape(where)}); the whole error:[/]"
+        )
+        self.console.print(escape(example.error or "(no error recorded)"), soft_wrap=True)
 
     def eval_line(self, step: int, metrics: dict[str, float]) -> None:
         if self.quiet:
@@ -173,6 +203,11 @@ class TrainView:
             for key in ("time/generate", "time/train", "time/overlap", "time/step"):
                 mean = sum(h.get(key, 0.0) for h in history) / len(history)
                 table.add_row(f"{key} (mean)", f"{mean:.2f}s")
+        failures = getattr(outcome, "failures", {})
+        if failures:
+            table.add_row("failed samples", str(sum(failures.values())), style="yellow")
+            for reason, n in failures.items():
+                table.add_row(f"  {escape(reason)}", str(n), style="yellow")
         self.console.print(table)
 
 

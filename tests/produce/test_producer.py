@@ -202,7 +202,52 @@ def test_failed_generation_is_retried_once_then_counted_failed():
     assert counts[Fate.FAILED] == 2 and counts[Fate.TRAINED] == 8
     m = result.metrics()
     assert m["produce/errors"] == 3 and m["produce/refills"] == 1
+    # the FAILED group travels with the batch; its error keeps the real cause first
+    assert [g[0].group_id for g in result.failed_groups] == ["s1-g2-p2"]
+    assert [s.rollout_id for s in result.failed_groups[0]] == ["s1-g2-p2/0", "s1-g2-p2/1"]
+    assert result.failed_groups[0][0].error.startswith("worker died\n(generation of group")
+    assert m["failures/samples"] == 2 and m["failures/worker died"] == 2
     check_accounting(p)
+
+
+class SampleFailBackend(FakeBackend):
+    """Group k's first sample comes back FAILED with ``errors[k]`` (a loop's recorded error)."""
+
+    def __init__(self, errors: Mapping[int, str]):
+        super().__init__()
+        self.errors = dict(errors)
+
+    def _outcome(self, r: GroupRequest, version: int) -> GroupOutcome:
+        out = super()._outcome(r, version)
+        k = int(re.match(r"s\d+-g(\d+)-", r.group_id).group(1))
+        if k in self.errors:
+            out.group[0].reward = None
+            out.group[0].fail(self.errors[k])
+        return out
+
+
+def test_failed_samples_are_counted_by_reason_and_their_groups_handed_along():
+    # g1 and g3: reward errors (one reason, different details); g2: an agent error
+    backend = SampleFailBackend(
+        {
+            1: "reward: RuntimeError: judge offline",
+            2: "agent: ValueError: bad",
+            3: "reward: RuntimeError: judge still offline",
+        }
+    )
+    result = make(backend).produce(1)
+    assert [g[0].group_id for g in result.failed_groups] == ["s1-g1-p1", "s1-g2-p2", "s1-g3-p3"]
+    assert gids(result.groups) == ["s1-g0-p0", "s1-g4-p4", "s1-g5-p5", "s1-g6-p6"]  # refilled
+    m = result.metrics()
+    assert m["failures/samples"] == 3  # one failed member in each of the 3 groups
+    assert m["failures/reward: RuntimeError"] == 2 and m["failures/agent: ValueError"] == 1
+    assert m["produce/leftover/failed"] == 3
+
+
+def test_a_step_without_failures_reports_zero_failed_samples():
+    m = make(FakeBackend()).produce(1).metrics()
+    assert m["failures/samples"] == 0
+    assert [k for k in m if k.startswith("failures/")] == ["failures/samples"]
 
 
 @pytest.mark.parametrize("policy", ["retry", "drop"])
