@@ -1,0 +1,138 @@
+"""Runs in which every sample fails: the stop rule, exit 3, the reasons on screen and in
+metrics.jsonl, and the FAILED samples kept in the dumped rollouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from short_runs import short_train_args
+from typer.testing import CliRunner
+
+from rltool.agent_loops import gsm8k
+from rltool.cli.app import app
+from rltool.rollout.io import read_groups
+from rltool.rollout.state import Status
+
+RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
+
+
+def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
+    return short_train_args(
+        RECIPE,
+        ckpt,
+        run_dir,
+        steps,
+        "rollout.sampling.max_new_tokens=4",
+        "rollout.eval_sampling.max_new_tokens=4",
+        "produce.oversample=0",
+        *extra,
+    )
+
+
+def _run(args: list[str]):
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def _train_lines(run_dir: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["kind"] == "train"]
+
+
+def _flat(output: str) -> str:
+    return "".join(output.split())  # rich wraps long lines
+
+
+@pytest.fixture
+def reward_raises(monkeypatch):
+    def judge(text: str, truth: str):
+        raise RuntimeError("judge offline")
+
+    monkeypatch.setattr(gsm8k, "gsm8k_reward", judge)
+
+
+@pytest.fixture
+def loop_raises(monkeypatch):
+    def generate_groups(self, tasks, n, group_ids, sampling=None):
+        raise ValueError("agent exploded")
+
+    monkeypatch.setattr(gsm8k.GSM8KLoop, "generate_groups", generate_groups)
+
+
+def test_a_reward_that_always_errors_stops_the_run(tiny_checkpoint, tmp_path, reward_raises):
+    args = _args(tiny_checkpoint, tmp_path, 10, "trainer.max_failed_steps=2", "--dump-rollouts")
+    result = _run([*args, "trainer.save_every=1"])
+    assert result.exit_code == 3, result.output
+    run_dir = tmp_path / "t"
+    lines = _train_lines(run_dir)
+    assert [x["step"] for x in lines] == [1, 2]  # stopped by the rule, not by trainer.steps
+    # 3 groups x 2 samples, then MAX_REFILLS = 4 refills of the 3 missing groups: 30 samples
+    for line in lines:
+        assert line["failures/samples"] == 30 and line["failures/reward: RuntimeError"] == 30
+        assert line["data/training_samples"] == 0
+    assert not list((run_dir / "checkpoints").glob("step_*"))  # nothing new was saved
+    out = _flat(result.output)
+    assert _flat("new failure reason: reward: RuntimeError") in out
+    assert _flat("reward: RuntimeError: judge offline") in out  # the whole error, once
+    assert result.output.count("judge offline") == 1
+    assert _flat("failed samples: 30 (30 reward: RuntimeError)") in out  # each step line
+    assert _flat("every sample failed in 2 consecutive steps") in out
+    assert _flat("60 x reward: RuntimeError") in out  # the run's reasons: 2 steps x 30
+    assert _flat("stopped by failures") in out
+    # the step's dump holds the FAILED samples, with their errors, never a 0.0 score
+    samples = [s for g in read_groups(run_dir / "rollouts" / "step_000001.jsonl") for s in g]
+    assert len(samples) == 30
+    assert {s.status for s in samples} == {Status.FAILED}
+    assert {s.error for s in samples} == {"reward: RuntimeError: judge offline"}
+    assert all(s.score is None for s in samples)
+
+
+def test_dumped_failures_validate_and_inspect_as_skipped(tiny_checkpoint, tmp_path, reward_raises):
+    args = _args(tiny_checkpoint, tmp_path, 1, "--dump-rollouts")
+    assert _run(args).exit_code == 3
+    dump = str(tmp_path / "t" / "rollouts" / "step_000001.jsonl")
+    valid = _run(["validate-rollouts", dump])
+    assert valid.exit_code == 0, valid.output
+    shown = _run(["inspect-batch", dump, "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    batch = json.loads(shown.output)
+    assert batch["data_info"]["data/training_samples"] == 0
+    skipped = batch["skipped_groups"]
+    assert len(skipped) == 15 and {g["reason"] for g in skipped} == {"failed"}
+    table = _run(["inspect-batch", dump])  # the terminal view names each group's error
+    assert table.exit_code == 0, table.output
+    assert "skipped groups" in table.output and "reward: RuntimeError: judge" in table.output
+    assert skipped[0]["group_id"] in table.output  # (the table wraps the detail's last word)
+
+
+def test_a_loop_that_always_raises_stops_the_run(tiny_checkpoint, tmp_path, loop_raises):
+    result = _run(_args(tiny_checkpoint, tmp_path, 10, "--dump-rollouts"))
+    assert result.exit_code == 3, result.output
+    run_dir = tmp_path / "t"
+    lines = _train_lines(run_dir)
+    assert [x["step"] for x in lines] == [1, 2, 3]  # the default trainer.max_failed_steps
+    # every group fails twice (its retry too) and is then recorded FAILED: 15 groups x 2
+    assert lines[0]["failures/gsm8k: ValueError"] == 30
+    out = _flat(result.output)
+    assert _flat("new failure reason: gsm8k: ValueError") in out
+    assert "agent exploded" in result.output
+    assert _flat("every sample failed in 3 consecutive steps") in out
+    assert not (run_dir / "checkpoints").exists() or not list(
+        (run_dir / "checkpoints").glob("step_*")
+    )
+    samples = [s for g in read_groups(run_dir / "rollouts" / "step_000003.jsonl") for s in g]
+    assert len(samples) == 30
+    assert samples[0].error.startswith("gsm8k: ValueError: agent exploded (on worker ")
+    assert "failed twice" in samples[0].error
+
+
+def test_a_run_that_ends_by_steps_having_trained_nothing_exits_3(
+    tiny_checkpoint, tmp_path, reward_raises
+):
+    result = _run(_args(tiny_checkpoint, tmp_path, 1))  # fewer steps than the stop rule's 3
+    assert result.exit_code == 3, result.output
+    assert "stopped by steps" in result.output
+    assert _flat("the run trained on no sample in 1 steps") in _flat(result.output)
+    assert _flat("30 x reward: RuntimeError") in _flat(result.output)
+    assert not list((tmp_path / "t" / "checkpoints").glob("step_*"))
