@@ -214,13 +214,15 @@ def _loop(
                 break
     if stopped_by in ("steps", "time_budget") and last_eval_step != run.step:
         last_eval = _evaluate(run, writer, view)
-    if _saves_at_end(run.history[unsaved_from:], stopped_by) and saved_at != (
-        run.step,
-        writer.lines,
-    ):  # not saved already with these very lines
-        state = trainer_state(run, writer.lines)
-        saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
-    view.note(f"checkpoint saved: {saved}" if saved else "no checkpoint saved")
+    unsaved = run.history[unsaved_from:]
+    if not _saves_at_end(unsaved, stopped_by):
+        newest = f"; the newest checkpoint is {saved}" if saved else ""
+        view.note(f"no checkpoint saved for the last {len(unsaved)} steps (all failed){newest}")
+    else:
+        if saved_at != (run.step, writer.lines):  # not saved already with these very lines
+            state = trainer_state(run, writer.lines)
+            saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+        view.note(f"checkpoint saved: {saved}")
     outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
     outcome.failures = run_failures(run.history)
     if stopped_by == "failures":
