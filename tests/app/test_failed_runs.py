@@ -11,6 +11,7 @@ from short_runs import short_train_args
 from typer.testing import CliRunner
 
 from rltool.agent_loops import gsm8k
+from rltool.app import driver
 from rltool.cli.app import app
 from rltool.rollout.io import read_groups
 from rltool.rollout.state import Status
@@ -136,3 +137,33 @@ def test_a_run_that_ends_by_steps_having_trained_nothing_exits_3(
     assert _flat("the run trained on no sample in 1 steps") in _flat(result.output)
     assert _flat("30 x reward: RuntimeError") in _flat(result.output)
     assert not list((tmp_path / "t" / "checkpoints").glob("step_*"))
+
+
+def test_failed_steps_between_trained_ones_neither_stop_nor_save(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    failing = {"now": False}
+    real_reward, real_step = gsm8k.gsm8k_reward, driver._step
+
+    def judge(text: str, truth: str):
+        if failing["now"]:
+            raise RuntimeError("judge offline")
+        return real_reward(text, truth)
+
+    def step(run, *args):
+        failing["now"] = run.step + 1 in (1, 3)  # steps 1 and 3: every reward errors
+        return real_step(run, *args)
+
+    monkeypatch.setattr(gsm8k, "gsm8k_reward", judge)
+    monkeypatch.setattr(driver, "_step", step)
+    args = _args(tiny_checkpoint, tmp_path, 4, "trainer.max_failed_steps=2", "trainer.save_every=1")
+    result = _run(args)
+    assert result.exit_code == 0, result.output  # never 2 failed steps in a row
+    lines = _train_lines(tmp_path / "t")
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert [x["failures/samples"] for x in lines] == [30, 0, 30, 0]
+    assert [x["data/training_samples"] > 0 for x in lines] == [False, True, False, True]
+    ckpts = sorted(p.name for p in (tmp_path / "t" / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_000002", "step_000004"]  # the failed steps 1 and 3 are not saved
+    assert result.output.count("new failure reason") == 1  # step 3's reason is not new
+    assert _flat("failed samples │ 60") in _flat(result.output)  # the summary table
