@@ -126,6 +126,9 @@ def test_a_loop_that_always_raises_stops_the_run(tiny_checkpoint, tmp_path, loop
     assert len(samples) == 30
     assert samples[0].error.startswith("gsm8k: ValueError: agent exploded (on worker ")
     assert "failed twice" in samples[0].error
+    # no train fields on these samples: a warning each, not an error
+    valid = _run(["validate-rollouts", str(run_dir / "rollouts" / "step_000003.jsonl")])
+    assert valid.exit_code == 0, valid.output
 
 
 def test_a_run_that_ends_by_steps_having_trained_nothing_exits_3(
