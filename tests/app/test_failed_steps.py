@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.console import Console
+
 from rltool.app.driver import _saves_at_end
 from rltool.app.failed_steps import (
     all_failed,
@@ -12,6 +14,7 @@ from rltool.app.failed_steps import (
     trained_nothing_message,
     trained_samples,
 )
+from rltool.report.train_view import TrainView, failure_counts
 from rltool.rollout.state import RolloutState
 
 OK = {"data/training_samples": 6.0, "failures/samples": 0.0}
@@ -68,3 +71,18 @@ def test_the_final_save_skips_only_steps_that_all_failed():
     assert _saves_at_end([FILTERED], "steps") is True
     assert _saves_at_end([FAILED], "SIGTERM") is True  # exit 143 promises a checkpoint
     assert _saves_at_end([], "steps") is True
+
+
+def test_the_step_line_counts_reasons_and_a_new_reason_shows_its_whole_error():
+    metrics = {"failures/samples": 6.0, "failures/b: Y": 2.0, "failures/a: X": 4.0}
+    assert failure_counts(metrics) == "6 (4 a: X, 2 b: Y)"
+    assert failure_counts({"failures/samples": 0.0}) is None
+    view = TrainView(console=Console(record=True, width=200))
+    error = "agent: ValueError: bad [input]\n  at line 2"  # markup-like text kept verbatim
+    sample = RolloutState(rollout_id="g/0", group_id="g", task_name="calc", prompt_ids=[])
+    view.failure("agent: ValueError", sample.fail(error))
+    view.step_line(1, {**metrics, "data/training_samples": 0.0}, [])
+    text = view.console.export_text()
+    assert "new failure reason: agent: ValueError (sample g/0, task calc); the whole error:" in text
+    assert error in text
+    assert "failed samples: 6 (4 a: X, 2 b: Y)" in text
