@@ -11,12 +11,14 @@ from short_runs import short_train_args
 from typer.testing import CliRunner
 
 from rltool.agent_loops import gsm8k
+from rltool.agents import calculator
 from rltool.app import driver
 from rltool.cli.app import app
 from rltool.rollout.io import read_groups
 from rltool.rollout.state import Status
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
+CALCULATOR = str(Path(__file__).parents[2] / "recipes" / "localhost_calculator.yaml")
 
 
 def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
@@ -45,12 +47,37 @@ def _flat(output: str) -> str:
     return "".join(output.split())  # rich wraps long lines
 
 
-@pytest.fixture
-def reward_raises(monkeypatch):
+def _failing_in_steps(monkeypatch, steps=None) -> dict[str, bool]:
+    """A flag set while train steps ``steps`` run (None: every one); evaluations see it
+    unset, so they score as usual and only the stop rule can end the run early."""
+    failing = {"now": False}
+    real_step = driver._step
+
+    def step(run, *args):
+        failing["now"] = steps is None or run.step + 1 in steps
+        try:
+            return real_step(run, *args)
+        finally:
+            failing["now"] = False
+
+    monkeypatch.setattr(driver, "_step", step)
+    return failing
+
+
+def _reward_raises_in_steps(monkeypatch, steps=None) -> None:
+    failing, real_reward = _failing_in_steps(monkeypatch, steps), gsm8k.gsm8k_reward
+
     def judge(text: str, truth: str):
-        raise RuntimeError("judge offline")
+        if failing["now"]:
+            raise RuntimeError("judge offline")
+        return real_reward(text, truth)
 
     monkeypatch.setattr(gsm8k, "gsm8k_reward", judge)
+
+
+@pytest.fixture
+def reward_raises(monkeypatch):
+    _reward_raises_in_steps(monkeypatch)
 
 
 @pytest.fixture
@@ -145,20 +172,7 @@ def test_a_run_that_ends_by_steps_having_trained_nothing_exits_3(
 def test_failed_steps_between_trained_ones_neither_stop_nor_save(
     tiny_checkpoint, tmp_path, monkeypatch
 ):
-    failing = {"now": False}
-    real_reward, real_step = gsm8k.gsm8k_reward, driver._step
-
-    def judge(text: str, truth: str):
-        if failing["now"]:
-            raise RuntimeError("judge offline")
-        return real_reward(text, truth)
-
-    def step(run, *args):
-        failing["now"] = run.step + 1 in (1, 3)  # steps 1 and 3: every reward errors
-        return real_step(run, *args)
-
-    monkeypatch.setattr(gsm8k, "gsm8k_reward", judge)
-    monkeypatch.setattr(driver, "_step", step)
+    _reward_raises_in_steps(monkeypatch, steps={1, 3})  # every reward of steps 1 and 3 errors
     args = _args(tiny_checkpoint, tmp_path, 4, "trainer.max_failed_steps=2", "trainer.save_every=1")
     result = _run(args)
     assert result.exit_code == 0, result.output  # never 2 failed steps in a row
@@ -170,3 +184,26 @@ def test_failed_steps_between_trained_ones_neither_stop_nor_save(
     assert ckpts == ["step_000002", "step_000004"]  # the failed steps 1 and 3 are not saved
     assert result.output.count("new failure reason") == 1  # step 3's reason is not new
     assert _flat("failed samples │ 60") in _flat(result.output)  # the summary table
+
+
+def test_an_agent_that_always_raises_stops_the_run(tiny_checkpoint, tmp_path, monkeypatch):
+    failing, real_agent = _failing_in_steps(monkeypatch), calculator.run
+
+    def agent(client, task):
+        if failing["now"]:
+            raise ValueError("agent exploded")
+        return real_agent(client, task)
+
+    monkeypatch.setattr(calculator, "run", agent)  # the recipe's agent_loop.options.agent
+    args = short_train_args(
+        CALCULATOR, tiny_checkpoint, tmp_path, 10, "trainer.max_failed_steps=2", "--dump-rollouts"
+    )
+    result = _run(args)
+    assert result.exit_code == 3, result.output
+    lines = _train_lines(tmp_path / "t")
+    assert [x["step"] for x in lines] == [1, 2]
+    assert all(x["failures/samples"] == 30 for x in lines)  # 15 groups of 2 sessions each
+    assert "ValueError: agent exploded" in result.output  # the first one's whole error
+    assert _flat("every sample failed in 2 consecutive steps") in _flat(result.output)
+    samples = [s for g in read_groups(tmp_path / "t" / "rollouts" / "step_000002.jsonl") for s in g]
+    assert len(samples) == 30 and all("ValueError: agent exploded" in s.error for s in samples)
