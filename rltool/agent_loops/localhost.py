@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import logging
 import math
 import re
@@ -38,6 +39,7 @@ _PROBE_TOOL = {
 }
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 MAX_TEXT_IN_EXTRA = 2000  # characters of agent output kept in a sample's extra
+OPENAI_MISSING = "the localhost loop hands agents an openai.OpenAI client: pip install openai"
 
 
 # --- helpers shared with the sandbox loop -------------------------------------------------
@@ -274,9 +276,7 @@ class LocalhostLoop(AgentLoop):
         try:
             import openai
         except ImportError as exc:
-            raise ValueError(
-                "the localhost loop hands agents an openai.OpenAI client: `pip install openai`"
-            ) from exc
+            raise ValueError(OPENAI_MISSING) from exc
         if max_concurrent < 1:
             raise ValueError(
                 f"agent_loop.options.max_concurrent must be >= 1, got {max_concurrent}"
@@ -292,6 +292,20 @@ class LocalhostLoop(AgentLoop):
         self.max_body_bytes = max_body_bytes
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """openai installed; the agent and the judger the options name importable."""
+        problems = []
+        if importlib.util.find_spec("openai") is None:
+            problems.append(OPENAI_MISSING)
+        for option in ("agent", "judger"):
+            if isinstance(options.get(option), str):
+                try:
+                    load_callable(options[option], option)
+                except ValueError as exc:
+                    problems.append(str(exc))
+        return problems
 
     def generate_groups(
         self,

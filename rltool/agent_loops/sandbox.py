@@ -42,6 +42,7 @@ from rltool.agent_loops.sandbox_task import (
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
 from rltool.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxSpec, default_env
+from rltool.sandbox.probe import sandbox_problems
 from rltool.sessions import SessionServer
 from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
 
@@ -49,6 +50,7 @@ AGENT_DIR = "/agent"  # where the agent script is bound read-only
 CHECK_DIR = "/check"  # where a task's check_files are bound read-only
 TASK_FILE = ".rltool/task.json"  # relative to /work
 SYSTEM_PYTHON = "/usr/bin/python3"
+DEFAULT_AGENT_SCRIPT = "rltool.agents.sandbox_coder"
 DEFAULT_AGENT_LIMITS = {"wall_clock_s": 300.0, "cpu_seconds": 120}
 DEFAULT_CHECK_LIMITS = {"wall_clock_s": 30.0, "cpu_seconds": 10}
 
@@ -109,7 +111,7 @@ class SandboxLoop(AgentLoop):
         ctx: LoopContext,
         *,
         max_concurrent: int = 4,
-        agent_script: str = "rltool.agents.sandbox_coder",
+        agent_script: str = DEFAULT_AGENT_SCRIPT,
         agent_command: Sequence[str] | None = None,
         python: str = "auto",
         max_turns: int = 2,
@@ -145,6 +147,30 @@ class SandboxLoop(AgentLoop):
         self.honor_sampling = honor_sampling
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """bubblewrap and util-linux, a sandbox that starts, the interpreter and the agent
+        script the options name."""
+        problems = sandbox_problems()
+        for check, option, default in (
+            (sandbox_python, "python", "auto"),
+            (resolve_script, "agent_script", DEFAULT_AGENT_SCRIPT),
+        ):
+            try:
+                check(options.get(option, default))
+            except ValueError as exc:
+                problems.append(str(exc))
+        return problems
+
+    @classmethod
+    def record_problem(cls, record: Mapping[str, Any], where: str) -> str | None:
+        """The sandbox fields of a task record (``CodingTask``)."""
+        try:
+            CodingTask.from_record(record, where)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     def _argv(self, command: Sequence[str]) -> list[str]:
         return [a.replace("{python}", self.python) for a in command]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from rltool.verl_compat.config import (
     ToolListWrap,
     load_loop_class,
     load_tools,
+    loop_class_problems,
     trainer_config,
 )
 from rltool.verl_compat.convert import canonical_fields
@@ -110,6 +111,12 @@ class VerlAgentLoop(AgentLoop):
             "verl/turns": 0,
         }
         self._trajectories = 0
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """verl installed when the options name verl's own loop class or verl tool configs;
+        any other loop class importable (it runs without verl)."""
+        return loop_class_problems(options.get("loop_class"), options.get("multi_turn"))
 
     # --- tasks ------------------------------------------------------------------------
 
