@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from jinja2 import TemplateError
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.config.schema import SamplingConfig
-from rltool.rollout.state import RolloutState, Status
+from rltool.rollout.state import RolloutState
 from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export
 from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
 
@@ -139,7 +139,7 @@ def session_states(
     """
     sid = session.session_id
     if not session.segments:
-        why = error or "the agent made no model call; nothing to train on"
+        why = error or "agent: made no model call; nothing to train on"
         return [
             RolloutState(
                 rollout_id=f"{sid}/seg0",
@@ -230,22 +230,6 @@ def count_session(counters: LoopCounters, session: Session) -> None:
 def regroup(flat: Sequence[list[RolloutState]], n: int) -> list[list[RolloutState]]:
     """Task-major per-session state lists -> one list of states per task."""
     return [[s for sess in flat[g * n : (g + 1) * n] for s in sess] for g in range(len(flat) // n)]
-
-
-def eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, float]:
-    """eval/accuracy: mean session score, a FAILED session counting 0 (one session per task)."""
-    scores = np.array(  # [N] one per task
-        [
-            0.0 if any(s.status != Status.COMPLETED for s in g) else float(g[0].score or 0.0)
-            for g in groups
-        ]
-    )
-    failed = sum(any(s.status != Status.COMPLETED for s in g) for g in groups)
-    return {
-        "eval/accuracy": float(scores.mean()),
-        "eval/failed": float(failed),
-        "eval/n": float(len(groups)),
-    }
 
 
 # --- the loop -----------------------------------------------------------------------------
@@ -359,7 +343,7 @@ class LocalhostLoop(AgentLoop):
         try:
             output = self.agent(client, job.task)
         except Exception as exc:  # the agent's failure is recorded on its samples, counted
-            error = f"agent raised {error_text(exc)}"
+            error = f"agent: {error_text(exc)}"
             self.counters.add(agent_errors=1)
             log.warning("session %s: %s", job.session_id, error)
         session = server.close_session(job.session_id)
@@ -375,7 +359,7 @@ class LocalhostLoop(AgentLoop):
             return reward_mapping(self.judger(job.task, output)), None
         except Exception as exc:  # a reward that cannot be computed fails the sample, counted
             self.counters.add(reward_errors=1)
-            return None, f"judger raised {error_text(exc)}"
+            return None, f"reward: judger raised {error_text(exc)}"
 
     def pop_metrics(self) -> dict[str, float]:
         """Since the last call: agent/reward errors, sessions, turns and batching figures."""
@@ -385,11 +369,12 @@ class LocalhostLoop(AgentLoop):
         self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
     ) -> dict[str, float]:
         """One session per task under ``sampling``: eval/accuracy is the mean judged score
-        (the fraction solved for a 0/1 judger), a failed session counting 0."""
+        (the fraction solved for a 0/1 judger), a failed session counting 0 and counted by
+        reason (``eval/failures/<reason>``); when all fail, EvaluationFailed."""
         if not tasks:
             raise ValueError("evaluate() needs at least one task")
         training_counts = self.counters.pop()  # evaluation sessions are not training figures
         groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
         self.counters.pop()
         self.counters.add(**training_counts)
-        return eval_metrics(groups)
+        return check_evaluation(self.task_name, session_eval_metrics(groups))

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.agent_loops.localhost import (
     LoopCounters,
     check_max_body_bytes,
     count_session,
-    error_text,
-    eval_metrics,
     regroup,
     session_ids,
     session_metrics,
@@ -251,7 +250,7 @@ class SandboxLoop(AgentLoop):
                 ro_binds=[(job.check_dir, CHECK_DIR)],
             )
         except (SandboxError, ValueError) as exc:  # setup failure: this sample only, counted
-            error = f"sandbox could not run: {error_text(exc)}"
+            error = f"sandbox: {exc}"
             self.counters.add(sandbox_errors=1)
         session = server.close_session(job.session_id)
         count_session(self.counters, session)
@@ -287,11 +286,11 @@ class SandboxLoop(AgentLoop):
         self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
     ) -> dict[str, float]:
         """One sandboxed session per task: eval/accuracy is the fraction of checks passed,
-        a failed session counting 0."""
+        a failed session counting 0 and counted by reason; when all fail, EvaluationFailed."""
         if not tasks:
             raise ValueError("evaluate() needs at least one task")
         training_counts = self.counters.pop()  # evaluation sessions are not training figures
         groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
         self.counters.pop()
         self.counters.add(**training_counts)
-        return eval_metrics(groups)
+        return check_evaluation(self.task_name, session_eval_metrics(groups))
