@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SANDBOX_RECIPE = REPO / "recipes" / "sandbox_code.yaml"
 GSM8K_RECIPE = REPO / "recipes" / "gsm8k_tiny.yaml"
+CODING_TASKS = "rltool/demo/coding_tasks/tasks.jsonl"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
@@ -116,7 +117,7 @@ def test_missing_util_linux_tools_are_named(monkeypatch, tmp_path):
 
 def test_sandbox_records_are_checked_field_by_field(monkeypatch, tmp_path):
     monkeypatch.setattr("rltool.agent_loops.sandbox.sandbox_problems", lambda: [])
-    good = json.loads(Path(REPO / "rltool/demo/coding_tasks/tasks.jsonl").read_text().split("\n")[0])
+    good = json.loads((REPO / CODING_TASKS).read_text().splitlines()[0])
     no_check = {k: v for k, v in good.items() if k != "check"}
     records = [good, no_check, {**good, "files": ["a.py"]}, *[no_check] * 3]
     train = write_jsonl(tmp_path / "train.jsonl", records)
@@ -187,7 +188,7 @@ def test_verl_needs_verl_only_for_its_own_classes(tmp_path):
 def test_every_problem_of_every_task_in_one_error_each_once(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("PATH", str(VENV_BIN))
-    coding = "rltool/demo/coding_tasks/tasks.jsonl"
+    coding = CODING_TASKS
     missing = tmp_path / "gone.jsonl"
     recipe = load_recipe(
         SANDBOX_RECIPE,
