@@ -1,6 +1,6 @@
 """Can this machine run a sandbox? The programs it needs, then one real sandbox of ``true``.
 
-Design: docs/sandbox.md#preflight
+Design: docs/agent-loops.md#preflight
 """
 
 from __future__ import annotations
