@@ -149,8 +149,8 @@ class SandboxLoop(AgentLoop):
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
-        """bubblewrap and util-linux, a sandbox that starts, the interpreter and the agent
-        script the options name."""
+        """bubblewrap and util-linux, a sandbox that starts, the interpreter, the agent
+        script and the work dirs' parent the options name."""
         problems = sandbox_problems()
         for check, option, default in (
             (sandbox_python, "python", "auto"),
@@ -160,6 +160,12 @@ class SandboxLoop(AgentLoop):
                 check(options.get(option, default))
             except ValueError as exc:
                 problems.append(str(exc))
+        work_parent = options.get("work_parent")
+        if work_parent is not None and not Path(work_parent).is_dir():
+            problems.append(
+                f"agent_loop.options.work_parent: {work_parent} is not a directory; create it "
+                "or drop the option (work dirs then go to the system's temp dir)"
+            )
         return problems
 
     @classmethod

@@ -103,6 +103,22 @@ def test_a_working_sandbox_passes(monkeypatch):
     assert problems_of(SANDBOX_RECIPE) == []
 
 
+def test_sandbox_options_naming_missing_files_are_problems(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("rltool.agent_loops.sandbox.sandbox_problems", lambda: [])
+    gone = tmp_path / "gone"
+    problems = problems_of(
+        SANDBOX_RECIPE,
+        f"agent_loop.options.agent_script={gone}.py",
+        f"agent_loop.options.work_parent={gone}",
+    )
+    assert problems == [
+        f"agent_loop.options.agent_script: '{gone}.py' is neither a file nor a module",
+        f"agent_loop.options.work_parent: {gone} is not a directory; create it or drop the "
+        "option (work dirs then go to the system's temp dir)",
+    ]
+
+
 def test_missing_util_linux_tools_are_named(monkeypatch, tmp_path):
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\nexit 0\n")
