@@ -71,8 +71,14 @@ class AgentLoop(ABC):
 
     @classmethod
     def from_config(cls, options: Mapping[str, Any], ctx: LoopContext) -> Self:
-        """The loop with ``options`` as keyword arguments; an option the loop does not
-        take, or a required one left out, is a ValueError naming its recipe key."""
+        """The loop with ``options`` as keyword arguments, checked by ``check_options``."""
+        cls.check_options(options)
+        return cls(ctx, **options)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """An option the loop does not take, or a required one left out, is a ValueError
+        naming its recipe key."""
         params = inspect.signature(cls.__init__).parameters
         named = {  # the loop's options: its named parameters after self and ctx
             k: p
@@ -90,7 +96,18 @@ class AgentLoop(ABC):
             raise ValueError(
                 f"agent_loop.options.{missing[0]} is required by agent loop {cls.name!r}"
             )
-        return cls(ctx, **options)
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """What the loop needs from the machine (programs, packages, importable code) that
+        ``options`` do not have, as fix-it sentences; checked before any model loads."""
+        return []
+
+    @classmethod
+    def record_problem(cls, record: Mapping[str, Any], where: str) -> str | None:
+        """Why the loop cannot read a task record (the field and what it must be, after
+        ``where``), or None; the fields every record has are ``rltool.data``'s check."""
+        return None
 
     @abstractmethod
     def generate_groups(

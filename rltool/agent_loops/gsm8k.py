@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
 from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
@@ -144,22 +145,33 @@ class GSM8KLoop(AgentLoop):
     ) -> dict[str, float]:
         """Accuracy of one sample per task (greedy when ``sampling.temperature == 0``).
 
-        A reward error counts as not correct and is reported in ``eval/reward_errors``.
+        Each sample is built and rewarded as in training; a FAILED one (a reward error,
+        fields that cannot be built) counts as not correct and is counted by reason
+        (``eval/failed``, ``eval/failures/<reason>``); when all fail, EvaluationFailed.
         """
         if not tasks:
             raise ValueError("evaluate() needs at least one task")
-        prompts = [self.prompt_ids(self.prompt_messages(t)) for t in tasks]
+        messages = [self.prompt_messages(t) for t in tasks]
+        prompts = [self.prompt_ids(m) for m in messages]
         gens = self.engine.generate(prompts, sampling)
-        results = [
-            score_response(g.text, ground_truth_of(t)) for g, t in zip(gens, tasks, strict=True)
+        kept, self._reward_errors = self._reward_errors, 0  # training counts stay as they were
+        samples = [
+            self._sample(t, m, p, g, f"eval-{i}/0", f"eval-{i}")
+            for i, (t, m, p, g) in enumerate(zip(tasks, messages, prompts, gens, strict=True))
         ]
-        correct = np.array([r.correct for r in results], dtype=np.float64)  # [N]
+        reward_errors, self._reward_errors = self._reward_errors, kept
+        correct = np.array(  # [N]
+            [s.status == Status.COMPLETED and bool(s.reward.get("correct")) for s in samples],
+            dtype=np.float64,
+        )
         lengths = np.array([len(g.token_ids) for g in gens], dtype=np.float64)  # [N]
         truncated = np.array([g.finish_reason == "length" for g in gens], dtype=np.float64)  # [N]
-        return {
+        metrics = {
             "eval/accuracy": float(correct.mean()),
             "eval/mean_response_len": float(lengths.mean()),
             "eval/truncated_frac": float(truncated.mean()),
-            "eval/reward_errors": float(sum(r.status == "error" for r in results)),
+            "eval/reward_errors": float(reward_errors),
+            **failure_metrics(samples),
             "eval/n": float(len(tasks)),
         }
+        return check_evaluation(self.task_name, metrics)

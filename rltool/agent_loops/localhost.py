@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import logging
 import math
 import re
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from jinja2 import TemplateError
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.config.schema import SamplingConfig
-from rltool.rollout.state import RolloutState, Status
+from rltool.rollout.state import RolloutState
 from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export
 from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
 
@@ -38,6 +39,7 @@ _PROBE_TOOL = {
 }
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 MAX_TEXT_IN_EXTRA = 2000  # characters of agent output kept in a sample's extra
+OPENAI_MISSING = "the localhost loop hands agents an openai.OpenAI client: pip install openai"
 
 
 # --- helpers shared with the sandbox loop -------------------------------------------------
@@ -137,7 +139,7 @@ def session_states(
     """
     sid = session.session_id
     if not session.segments:
-        why = error or "the agent made no model call; nothing to train on"
+        why = error or "agent: made no model call; nothing to train on"
         return [
             RolloutState(
                 rollout_id=f"{sid}/seg0",
@@ -230,22 +232,6 @@ def regroup(flat: Sequence[list[RolloutState]], n: int) -> list[list[RolloutStat
     return [[s for sess in flat[g * n : (g + 1) * n] for s in sess] for g in range(len(flat) // n)]
 
 
-def eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, float]:
-    """eval/accuracy: mean session score, a FAILED session counting 0 (one session per task)."""
-    scores = np.array(  # [N] one per task
-        [
-            0.0 if any(s.status != Status.COMPLETED for s in g) else float(g[0].score or 0.0)
-            for g in groups
-        ]
-    )
-    failed = sum(any(s.status != Status.COMPLETED for s in g) for g in groups)
-    return {
-        "eval/accuracy": float(scores.mean()),
-        "eval/failed": float(failed),
-        "eval/n": float(len(groups)),
-    }
-
-
 # --- the loop -----------------------------------------------------------------------------
 
 
@@ -274,9 +260,7 @@ class LocalhostLoop(AgentLoop):
         try:
             import openai
         except ImportError as exc:
-            raise ValueError(
-                "the localhost loop hands agents an openai.OpenAI client: `pip install openai`"
-            ) from exc
+            raise ValueError(OPENAI_MISSING) from exc
         if max_concurrent < 1:
             raise ValueError(
                 f"agent_loop.options.max_concurrent must be >= 1, got {max_concurrent}"
@@ -292,6 +276,20 @@ class LocalhostLoop(AgentLoop):
         self.max_body_bytes = max_body_bytes
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """openai installed; the agent and the judger the options name importable."""
+        problems = []
+        if importlib.util.find_spec("openai") is None:
+            problems.append(OPENAI_MISSING)
+        for option in ("agent", "judger"):
+            if isinstance(options.get(option), str):
+                try:
+                    load_callable(options[option], option)
+                except ValueError as exc:
+                    problems.append(str(exc))
+        return problems
 
     def generate_groups(
         self,
@@ -345,7 +343,7 @@ class LocalhostLoop(AgentLoop):
         try:
             output = self.agent(client, job.task)
         except Exception as exc:  # the agent's failure is recorded on its samples, counted
-            error = f"agent raised {error_text(exc)}"
+            error = f"agent: {error_text(exc)}"
             self.counters.add(agent_errors=1)
             log.warning("session %s: %s", job.session_id, error)
         session = server.close_session(job.session_id)
@@ -361,7 +359,7 @@ class LocalhostLoop(AgentLoop):
             return reward_mapping(self.judger(job.task, output)), None
         except Exception as exc:  # a reward that cannot be computed fails the sample, counted
             self.counters.add(reward_errors=1)
-            return None, f"judger raised {error_text(exc)}"
+            return None, f"reward: judger raised {error_text(exc)}"
 
     def pop_metrics(self) -> dict[str, float]:
         """Since the last call: agent/reward errors, sessions, turns and batching figures."""
@@ -371,11 +369,12 @@ class LocalhostLoop(AgentLoop):
         self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
     ) -> dict[str, float]:
         """One session per task under ``sampling``: eval/accuracy is the mean judged score
-        (the fraction solved for a 0/1 judger), a failed session counting 0."""
+        (the fraction solved for a 0/1 judger), a failed session counting 0 and counted by
+        reason (``eval/failures/<reason>``); when all fail, EvaluationFailed."""
         if not tasks:
             raise ValueError("evaluate() needs at least one task")
         training_counts = self.counters.pop()  # evaluation sessions are not training figures
         groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
         self.counters.pop()
         self.counters.add(**training_counts)
-        return eval_metrics(groups)
+        return check_evaluation(self.task_name, session_eval_metrics(groups))

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.agent_loops.localhost import (
     LoopCounters,
     check_max_body_bytes,
     count_session,
-    error_text,
-    eval_metrics,
     regroup,
     session_ids,
     session_metrics,
@@ -42,6 +41,7 @@ from rltool.agent_loops.sandbox_task import (
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
 from rltool.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxSpec, default_env
+from rltool.sandbox.probe import sandbox_problems
 from rltool.sessions import SessionServer
 from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
 
@@ -49,6 +49,7 @@ AGENT_DIR = "/agent"  # where the agent script is bound read-only
 CHECK_DIR = "/check"  # where a task's check_files are bound read-only
 TASK_FILE = ".rltool/task.json"  # relative to /work
 SYSTEM_PYTHON = "/usr/bin/python3"
+DEFAULT_AGENT_SCRIPT = "rltool.agents.sandbox_coder"
 DEFAULT_AGENT_LIMITS = {"wall_clock_s": 300.0, "cpu_seconds": 120}
 DEFAULT_CHECK_LIMITS = {"wall_clock_s": 30.0, "cpu_seconds": 10}
 
@@ -109,7 +110,7 @@ class SandboxLoop(AgentLoop):
         ctx: LoopContext,
         *,
         max_concurrent: int = 4,
-        agent_script: str = "rltool.agents.sandbox_coder",
+        agent_script: str = DEFAULT_AGENT_SCRIPT,
         agent_command: Sequence[str] | None = None,
         python: str = "auto",
         max_turns: int = 2,
@@ -145,6 +146,36 @@ class SandboxLoop(AgentLoop):
         self.honor_sampling = honor_sampling
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """bubblewrap and util-linux, a sandbox that starts, the interpreter, the agent
+        script and the work dirs' parent the options name."""
+        problems = sandbox_problems()
+        for check, option, default in (
+            (sandbox_python, "python", "auto"),
+            (resolve_script, "agent_script", DEFAULT_AGENT_SCRIPT),
+        ):
+            try:
+                check(options.get(option, default))
+            except ValueError as exc:
+                problems.append(str(exc))
+        work_parent = options.get("work_parent")
+        if work_parent is not None and not Path(work_parent).is_dir():
+            problems.append(
+                f"agent_loop.options.work_parent: {work_parent} is not a directory; create it "
+                "or drop the option (work dirs then go to the system's temp dir)"
+            )
+        return problems
+
+    @classmethod
+    def record_problem(cls, record: Mapping[str, Any], where: str) -> str | None:
+        """The sandbox fields of a task record (``CodingTask``)."""
+        try:
+            CodingTask.from_record(record, where)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     def _argv(self, command: Sequence[str]) -> list[str]:
         return [a.replace("{python}", self.python) for a in command]
@@ -225,7 +256,7 @@ class SandboxLoop(AgentLoop):
                 ro_binds=[(job.check_dir, CHECK_DIR)],
             )
         except (SandboxError, ValueError) as exc:  # setup failure: this sample only, counted
-            error = f"sandbox could not run: {error_text(exc)}"
+            error = f"sandbox: {exc}"
             self.counters.add(sandbox_errors=1)
         session = server.close_session(job.session_id)
         count_session(self.counters, session)
@@ -261,11 +292,11 @@ class SandboxLoop(AgentLoop):
         self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig
     ) -> dict[str, float]:
         """One sandboxed session per task: eval/accuracy is the fraction of checks passed,
-        a failed session counting 0."""
+        a failed session counting 0 and counted by reason; when all fail, EvaluationFailed."""
         if not tasks:
             raise ValueError("evaluate() needs at least one task")
         training_counts = self.counters.pop()  # evaluation sessions are not training figures
         groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
         self.counters.pop()
         self.counters.add(**training_counts)
-        return eval_metrics(groups)
+        return check_evaluation(self.task_name, session_eval_metrics(groups))

@@ -76,9 +76,9 @@ def run_summary(result: SandboxResult) -> dict[str, Any]:
 def agent_error(agent: SandboxResult) -> str | None:
     """Why the agent's run makes the sample unusable, or None when it finished cleanly."""
     if agent.status is not SandboxStatus.OK:
-        return f"agent sandbox {agent.status}: {agent.reason}"
+        return f"agent: sandbox {agent.status}: {agent.reason}"
     if agent.exit_code != 0:
-        return f"agent exited {agent.exit_code}: {_tail(agent.stderr.strip()) or '(no stderr)'}"
+        return f"agent: exited {agent.exit_code}: {_tail(agent.stderr.strip()) or '(no stderr)'}"
     return None
 
 
@@ -86,7 +86,7 @@ def check_reward(run: CheckedRun) -> tuple[dict[str, Any] | None, str | None]:
     """(reward, error): 1.0 when the check passed; a check killed from outside is an error."""
     check = run.check
     if check.status is SandboxStatus.KILLED:
-        return None, f"check sandbox killed: {check.reason}"
+        return None, f"check: sandbox killed: {check.reason}"
     reward = {
         "score": 1.0 if run.passed else 0.0,
         "passed": run.passed,

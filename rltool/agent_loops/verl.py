@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
 from rltool.agent_loops.gsm8k import ground_truth_of
 from rltool.config.schema import SamplingConfig
 from rltool.engines.batcher import AsyncGenerationBatcher
@@ -27,6 +28,7 @@ from rltool.verl_compat.config import (
     ToolListWrap,
     load_loop_class,
     load_tools,
+    loop_class_problems,
     trainer_config,
 )
 from rltool.verl_compat.convert import canonical_fields
@@ -110,6 +112,12 @@ class VerlAgentLoop(AgentLoop):
             "verl/turns": 0,
         }
         self._trajectories = 0
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """verl installed when the options name verl's own loop class or verl tool configs;
+        any other loop class importable (it runs without verl)."""
+        return loop_class_problems(options.get("loop_class"), options.get("multi_turn"))
 
     # --- tasks ------------------------------------------------------------------------
 
@@ -219,7 +227,7 @@ class VerlAgentLoop(AgentLoop):
             )
             output = await loop.run(dict(params), **{**task, "raw_prompt": messages})
         except Exception as exc:  # the trajectory fails alone; the reason goes into its sample
-            error = f"{self.loop_cls.__name__}: {type(exc).__name__}: {exc}"
+            error = f"{self.loop_cls.__name__}.run raised {type(exc).__name__}: {exc}"
             return _Trajectory(None, server, error)
         finally:
             batcher.trajectory_done()
@@ -251,7 +259,7 @@ class VerlAgentLoop(AgentLoop):
         )
         if run.error is not None:
             self._metrics["verl/failed"] += 1
-            return state.fail(f"verl loop: {run.error}")
+            return state.fail(f"verl: {run.error}")
         out = run.output
         try:  # AgentLoopOutput's required fields, then its optional ones with verl's defaults
             mask = out.response_mask
@@ -266,7 +274,7 @@ class VerlAgentLoop(AgentLoop):
             num_turns = int(getattr(out, "num_turns", 0))
         except (AttributeError, ValueError, TypeError) as exc:
             self._metrics["verl/failed"] += 1
-            return state.fail(f"verl loop output: {exc}")
+            return state.fail(f"verl: bad loop output ({exc})")
         cut = len(fields.response_ids) >= run.server.response_length
         state.prompt_ids = fields.prompt_ids
         state.response_ids = fields.response_ids
@@ -342,9 +350,9 @@ class VerlAgentLoop(AgentLoop):
         """One trajectory per task (greedy when ``sampling.temperature == 0``).
 
         ``eval/accuracy`` is the fraction of tasks whose score reaches 1.0; a failed
-        trajectory counts as not solved and is reported in ``eval/failed`` (reward
-        errors among them also in ``eval/reward_errors``). Evaluation leaves the
-        training counters of ``pop_metrics`` as they were.
+        trajectory counts as not solved and is counted by reason (``eval/failed``,
+        ``eval/failures/<reason>``; reward errors also in ``eval/reward_errors``); when
+        all fail, EvaluationFailed. The training counters of ``pop_metrics`` stay as they were.
         """
         if not tasks:
             raise ValueError("evaluate() needs at least one task")
@@ -361,11 +369,12 @@ class VerlAgentLoop(AgentLoop):
             [0 if s.response_ids is None else len(s.response_ids) for s in samples], np.float64
         )  # [N]
         truncated = np.array([s.finish_reason == "length" for s in samples], np.float64)  # [N]
-        return {
+        metrics = {
             "eval/accuracy": float(solved.mean()),
             "eval/mean_response_len": float(lengths.mean()),
             "eval/truncated_frac": float(truncated.mean()),
-            "eval/failed": float(len(samples) - sum(ok)),
             "eval/reward_errors": float(reward_errors),
+            **failure_metrics(samples),
             "eval/n": float(len(tasks)),
         }
+        return check_evaluation(self.task_name, metrics)

@@ -29,6 +29,7 @@ from rltool.engines.registry import check_engine_name
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.filters import GROUP_FILTERS
+from rltool.produce.preflight import check_preflight
 from rltool.produce.producer import Producer
 from rltool.produce.task_metrics import evaluate_tasks
 from rltool.produce.task_sampler import TaskSampler
@@ -103,6 +104,7 @@ def check_recipe(recipe: RecipeConfig) -> None:
         )
     GROUP_FILTERS.get(recipe.produce.group_filter)
     check_engine_name(recipe.rollout.engine)
+    check_preflight(task_specs(recipe))  # loops' programs and packages, data files and fields
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:

@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from rltool.agent_loops.evaluation import FAILURES
 from rltool.produce.task_specs import TaskSpec
 from rltool.rollout.state import RolloutState
 
 # eval metrics that add up over tasks; every other eval metric is a per-row mean
-_EVAL_SUM_KEYS = frozenset({"eval/n", "eval/reward_errors"})
+_EVAL_SUM_KEYS = frozenset({"eval/n", "eval/reward_errors", "eval/failed"})
 
 
 def per_task_metrics(groups: Sequence[Sequence[RolloutState]]) -> dict[str, float]:
@@ -56,7 +57,9 @@ def evaluate_tasks(
 
     ``evaluate_fn(task_name, rows, sampling)`` returns a loop's ``eval/*`` dict. The
     overall figure of a metric every task reports is its mean weighted by eval rows
-    (``eval/n`` and ``eval/reward_errors`` are summed). Tasks without eval rows are skipped.
+    (``eval/n``, ``eval/reward_errors`` and ``eval/failed`` are summed); each failure reason
+    ``eval/failures/<reason>`` is summed over the tasks that have it. Tasks without eval rows
+    are skipped.
     """
     per_task: dict[str, tuple[int, dict[str, float]]] = {}
     for spec in specs:
@@ -72,10 +75,13 @@ def evaluate_tasks(
     common = set.intersection(*(set(m) for _, m in per_task.values()))
     first = next(iter(per_task.values()))[1]
     total = sum(n for n, _ in per_task.values())
-    for key in (k for k in first if k in common):
+    for key in (k for k in first if k in common and not k.startswith(FAILURES)):
         values = [(n, m[key]) for n, m in per_task.values()]
         if key in _EVAL_SUM_KEYS:
             out[key] = float(sum(v for _, v in values))
         else:
             out[key] = float(sum(n * v for n, v in values) / total)
+    reasons = dict.fromkeys(k for _, m in per_task.values() for k in m if k.startswith(FAILURES))
+    for key in reasons:
+        out[key] = float(sum(m.get(key, 0.0) for _, m in per_task.values()))
     return out

@@ -26,6 +26,8 @@ SANDBOX_GID = 65534  # "nogroup"
 HOST_ROOT_INSIDE = 65533
 _SYSTEM_DIRS = ("/usr", "/etc")
 _SYSTEM_LINKS_OR_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# util-linux programs a sandbox runs besides bwrap (limits, pid and mount namespaces, quota)
+HELPER_TOOLS = (PRLIMIT, "setpriv", "unshare", "nsenter", "mount")
 
 
 class SandboxError(RuntimeError):
@@ -39,7 +41,7 @@ def bwrap_executable() -> str:
         raise SandboxError(
             "bubblewrap is not installed: `apt-get install -y bubblewrap` (needs user namespaces)"
         )
-    for tool in (PRLIMIT, "setpriv", "unshare", "nsenter", "mount"):
+    for tool in HELPER_TOOLS:
         if shutil.which(tool) is None:
             raise SandboxError(f"{tool} is missing: install util-linux (the sandbox needs it)")
     return path

@@ -7,6 +7,7 @@ Design: docs/agent-loops.md#the-loops-configuration
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,35 @@ def load_loop_class(path: str) -> type:
             f"**kwargs)`; it is not a verl agent loop"
         )
     return cls
+
+
+def is_verls_own(path: str) -> bool:
+    """Whether an import path names a module of verl itself (``verl.*``)."""
+    return path == "verl" or path.startswith(("verl.", "verl:"))
+
+
+def loop_class_problems(path: Any, multi_turn: Any) -> list[str]:
+    """What keeps ``loop_class`` (and verl tool configs in ``multi_turn``) from loading, as
+    fix-it sentences; verl's own classes are checked for verl being installed, not imported."""
+    if not isinstance(path, str):
+        return []  # a missing or mistyped option: check_options says so
+    tools = isinstance(multi_turn, dict) and any(
+        multi_turn.get(k) for k in ("tool_config_path", "function_tool_path")
+    )
+    if is_verls_own(path) or tools:
+        if importlib.util.find_spec("verl") is None:
+            needs = f"loop_class {path}" if is_verls_own(path) else "verl tool configs"
+            return [
+                f"agent_loop.options: {needs} needs verl, which is not installed: run "
+                "scripts/verl_env.sh (verl needs its own environment, see docs/agent-loops.md)"
+            ]
+        if is_verls_own(path):
+            return []
+    try:
+        load_loop_class(path)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 BUILTIN_PREFIX = "builtin:"

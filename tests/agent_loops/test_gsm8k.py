@@ -9,6 +9,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
+from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.agent_loops.gsm8k import GSM8KLoop
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
@@ -185,8 +186,37 @@ def test_evaluate_accuracy_length_and_truncation(tokenizer) -> None:
         "eval/mean_response_len": 2.5,
         "eval/truncated_frac": 0.5,
         "eval/reward_errors": 0.0,
+        "eval/failed": 0.0,
         "eval/n": 2.0,
     }
+
+
+def test_evaluate_counts_failed_samples_by_reason_and_fails_when_all_fail(
+    tokenizer, monkeypatch
+) -> None:
+    import rltool.agent_loops.gsm8k as loop_mod
+
+    def reward(text: str, truth: str) -> RewardResult:
+        if text == "#### 5":
+            return RewardResult(1.0, "ok", extracted="5")
+        return RewardResult(None, "error", f"timeout (on {text!r})", extracted=None)
+
+    monkeypatch.setattr(loop_mod, "gsm8k_reward", reward)
+    loop, _ = make_loop(tokenizer, [("#### 5", "stop"), ("#### 7", "stop")])
+    loop._reward_errors = 4  # a training count: evaluation leaves it alone
+    metrics = loop.evaluate(TASKS, SamplingConfig(temperature=0.0))
+    assert metrics["eval/accuracy"] == 0.5
+    assert metrics["eval/failed"] == 1.0
+    assert metrics["eval/failures/reward: timeout"] == 1.0
+    assert metrics["eval/reward_errors"] == 1.0
+    assert loop.pop_metrics() == {"reward/errors": 4.0}
+
+    loop, _ = make_loop(tokenizer, [("#### 7", "stop")])
+    with pytest.raises(EvaluationFailed) as info:
+        loop.evaluate(TASKS, SamplingConfig(temperature=0.0))
+    assert str(info.value) == (
+        "evaluation of task 'gsm8k': all 2 samples failed: reward: timeout (2)"
+    )
 
 
 def test_task_without_question_is_a_clear_error(tokenizer) -> None:

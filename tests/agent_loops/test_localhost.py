@@ -16,6 +16,7 @@ from loop_fakes import LOGPROB, ContextEngine, decode, spans
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
+from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.agent_loops.localhost import (
     LocalhostLoop,
     load_callable,
@@ -223,7 +224,7 @@ def test_a_raising_agent_fails_only_its_own_sessions(tokenizer):
     assert [s.status for s in ok] == [Status.COMPLETED] * 2
     assert [s.status for s in bad] == [Status.FAILED] * 2
     for s in bad:
-        assert s.error.startswith("agent raised RuntimeError: boom (at test_localhost.py:")
+        assert s.error.startswith("agent: RuntimeError: boom (at test_localhost.py:")
         assert s.reward is None and s.input_ids is not None  # the recorded turn is kept
         assert errors(check_sample(s)) == []
     metrics = loop.pop_metrics()
@@ -234,11 +235,11 @@ def test_an_agent_that_never_calls_the_model_and_a_raising_judger_fail(tokenizer
     loop, _ = make_loop(tokenizer, answer_then_fix, agent="test_localhost:silent_agent")
     ((s,),) = loop.generate_groups([TOM], 1, ["g"])
     assert s.status == Status.FAILED and s.input_ids is None
-    assert s.error == "the agent made no model call; nothing to train on"
+    assert s.error == "agent: made no model call; nothing to train on"
     loop, _ = make_loop(tokenizer, answer_then_fix, judger="test_localhost:bad_judge")
     ((s,),) = loop.generate_groups([TOM], 1, ["g"])
     assert s.status == Status.FAILED and s.reward is None
-    assert s.error.startswith("judger raised KeyError: 'no such field'")
+    assert s.error.startswith("reward: judger raised KeyError: 'no such field'")
     assert loop.pop_metrics()["reward/errors"] == 1
 
 
@@ -251,6 +252,23 @@ def test_evaluate_reports_accuracy_and_keeps_training_counts(tokenizer):
     assert loop.pop_metrics()["agent/sessions"] == 1  # the training session only
     with pytest.raises(ValueError, match="at least one task"):
         loop.evaluate([], SamplingConfig())
+
+
+def test_evaluate_counts_failures_by_reason_and_fails_when_every_session_fails(tokenizer):
+    loop, _ = make_loop(tokenizer, answer_then_fix, agent="test_localhost:flaky_agent")
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    metrics = loop.evaluate([TOM, BOOM], greedy)
+    assert metrics == {
+        "eval/accuracy": 0.5,
+        "eval/failed": 1.0,
+        "eval/failures/agent: RuntimeError": 1.0,
+        "eval/n": 2.0,
+    }
+    with pytest.raises(EvaluationFailed) as info:
+        loop.evaluate([BOOM, BOOM, BOOM], greedy)
+    assert str(info.value) == (
+        "evaluation of task 'localhost': all 3 samples failed: agent: RuntimeError (3)"
+    )
 
 
 # --- the loop with a real (random) Qwen2 ------------------------------------------------------

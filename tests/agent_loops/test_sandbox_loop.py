@@ -15,6 +15,7 @@ from loop_fakes import ContextEngine, decode, spans
 from transformers import AutoTokenizer
 
 from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
+from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.agent_loops.sandbox import SandboxLoop, resolve_script, sandbox_python
 from rltool.agent_loops.sandbox_task import CodingTask
 from rltool.config.schema import SamplingConfig
@@ -184,21 +185,21 @@ def test_timeout_crash_and_no_model_call_fail_only_their_samples(tokenizer, work
     ((s,),) = sleepy.generate_groups([ADD], 1, ["slow"])
     assert s.status == Status.FAILED and s.reward is None
     assert (
-        s.error == "agent sandbox timeout: the wall clock of 1.0 s ran out; the sandbox was killed"
+        s.error == "agent: sandbox timeout: the wall clock of 1.0 s ran out; the sandbox was killed"
     )
     assert s.input_ids is not None and errors(check_sample(s)) == []  # its turn was recorded
     assert s.extra["agent"]["status"] == "timeout"
 
     crash = make_loop(tokenizer, work_parent, agent_script=agent_script(tmp_path, "sys.exit(3)"))
     ((s,),) = crash.generate_groups([ADD], 1, ["crash"])
-    assert s.status == Status.FAILED and s.error.startswith("agent exited 3")
+    assert s.status == Status.FAILED and s.error.startswith("agent: exited 3")
 
     mute = tmp_path / "mute.py"
     mute.write_text(WRITE_ADD + "\n")
     quiet = make_loop(tokenizer, work_parent, agent_script=str(mute))
     ((s,),) = quiet.generate_groups([ADD], 1, ["mute"])
     assert s.status == Status.FAILED and s.input_ids is None
-    assert s.error == "the agent made no model call; nothing to train on"
+    assert s.error == "agent: made no model call; nothing to train on"
     assert quiet.pop_metrics()["sandbox/agent_failed"] == 0
 
 
@@ -207,6 +208,16 @@ def test_evaluate_counts_passed_checks(tokenizer, work_parent):
     is_even = next(t for t in TASKS if t["name"] == "is_even")
     metrics = loop.evaluate([ADD, is_even], SamplingConfig(temperature=0.0))
     assert metrics == {"eval/accuracy": 0.5, "eval/failed": 0.0, "eval/n": 2.0}
+
+
+def test_evaluate_in_which_every_session_fails_is_an_error(tokenizer, work_parent, tmp_path):
+    crash = agent_script(tmp_path, "sys.exit(3)")
+    loop = make_loop(tokenizer, work_parent, agent_script=crash)
+    with pytest.raises(EvaluationFailed) as info:
+        loop.evaluate([ADD, ADD], SamplingConfig(temperature=0.0))
+    assert str(info.value) == (
+        "evaluation of task 'sandbox': all 2 samples failed: agent: exited 3 (2)"
+    )
 
 
 # --- the CLI end to end ------------------------------------------------------------------------
@@ -264,5 +275,5 @@ def test_disk_quota_from_the_options_fails_only_that_sample(tokenizer, work_pare
     assert loop.limits.disk_bytes == 1 << 20
     ((s,),) = loop.generate_groups([ADD], 1, ["hog"])
     assert s.status == Status.FAILED and s.reward is None
-    assert s.error.startswith("agent sandbox limit: disk quota of 1048576 bytes exceeded")
+    assert s.error.startswith("agent: sandbox limit: disk quota of 1048576 bytes exceeded")
     assert s.extra["agent"]["status"] == "limit"

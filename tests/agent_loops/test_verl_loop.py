@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
+from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.agent_loops.verl import VerlAgentLoop, last_turn
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
@@ -241,7 +242,7 @@ def test_a_raising_loop_fails_only_its_own_samples(tokenizer) -> None:
     good, bad = loop.generate_groups(tasks, 2, ["g0", "g1"])
     assert all(s.status == Status.COMPLETED for s in good)
     assert all(s.status == Status.FAILED for s in bad)
-    assert bad[0].error == "verl loop: ToolCallLoop: RuntimeError: tool server unreachable"
+    assert bad[0].error == "verl: ToolCallLoop.run raised RuntimeError: tool server unreachable"
     assert [len(p) for p, _ in engine.calls] == [2, 2]  # the failed ones left the batch
     assert loop.pop_metrics()["verl/failed"] == 2.0
 
@@ -250,7 +251,7 @@ def test_output_that_does_not_fit_fails_with_the_field_named(tokenizer) -> None:
     loop, _ = make_loop(tokenizer)
     [[s]] = loop.generate_groups([{"question": "bad", "answer": "#### 5"}], 1, ["g0"])
     assert s.status == Status.FAILED
-    assert s.error == "verl loop output: response_mask has 13 entries for 14 response tokens"
+    assert s.error == "verl: bad loop output (response_mask has 13 entries for 14 response tokens)"
 
 
 def test_response_cut_at_response_length(tokenizer) -> None:
@@ -298,6 +299,20 @@ def test_evaluate(tokenizer) -> None:
     }
     assert engine.calls[-1][1].temperature == 0.0
     assert loop.pop_metrics()["verl/engine_calls"] == 2.0  # the training call only
+
+
+def test_evaluate_counts_failures_by_reason_and_fails_when_all_fail(tokenizer) -> None:
+    loop, _ = make_loop(tokenizer)
+    boom = {"question": "boom", "answer": "#### 5"}
+    metrics = loop.evaluate([TASKS[0], boom], SamplingConfig(temperature=0.0, max_new_tokens=16))
+    assert metrics["eval/failed"] == 1.0
+    assert metrics["eval/failures/verl: ToolCallLoop.run raised RuntimeError"] == 1.0
+    with pytest.raises(
+        EvaluationFailed,
+        match=r"all 2 samples failed: verl: ToolCallLoop\.run "
+        r"raised RuntimeError \(2\)$",
+    ):
+        loop.evaluate([boom, boom], SamplingConfig(temperature=0.0, max_new_tokens=16))
 
 
 def test_built_from_its_options_by_name(tokenizer) -> None:
@@ -441,4 +456,4 @@ def test_a_loop_returning_no_agent_loop_output_fails(tokenizer) -> None:
     loop, _ = make_loop(tokenizer, loop_class=f"{__name__}.NoOutputLoop")
     [[s]] = loop.generate_groups(TASKS[:1], 1, ["g0"])
     assert s.status == Status.FAILED
-    assert s.error == "verl loop output: 'dict' object has no attribute 'response_mask'"
+    assert s.error == "verl: bad loop output ('dict' object has no attribute 'response_mask')"

@@ -83,3 +83,27 @@ def test_evaluate_tasks_weights_the_overall_figures_by_eval_rows() -> None:
     }
     with pytest.raises(ValueError, match="no task has evaluation rows"):
         evaluate_tasks(evaluate_fn, specs, {}, greedy)
+
+
+def test_evaluate_tasks_sums_failures_and_their_reasons_over_tasks() -> None:
+    per_task = {
+        "add": {"eval/accuracy": 0.5, "eval/failed": 1.0, "eval/failures/reward: timeout": 1.0},
+        "code": {
+            "eval/accuracy": 0.0,
+            "eval/failed": 3.0,
+            "eval/failures/reward: timeout": 1.0,
+            "eval/failures/sandbox: bwrap not found": 2.0,
+        },
+    }
+
+    def evaluate_fn(name, task_rows, sampling):
+        return {**per_task[name], "eval/n": float(len(task_rows))}
+
+    m = evaluate_tasks(
+        evaluate_fn, [spec("add"), spec("code")], {"add": rows(2), "code": rows(4)}, None
+    )
+    assert m["eval/failed"] == 4.0
+    assert m["eval/failures/reward: timeout"] == 2.0
+    assert m["eval/failures/sandbox: bwrap not found"] == 2.0  # one task's reason: still summed
+    assert m["eval/accuracy"] == pytest.approx(1 / 6)  # (2 * 0.5 + 4 * 0.0) / 6
+    assert m["eval/code/failures/sandbox: bwrap not found"] == 2.0

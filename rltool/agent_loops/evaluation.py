@@ -1,0 +1,63 @@
+"""Evaluation figures the loops share: failed samples by reason (``eval/failed``,
+``eval/failures/<reason>``), and the error an evaluation in which every sample failed is.
+
+Design: docs/agent-loops.md#evaluation
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rltool.rollout.failures import count_reasons
+from rltool.rollout.state import RolloutState, Status
+
+FAILURES = "eval/failures/"  # + a short reason (rltool.rollout.failures): failed samples
+REASONS_NAMED = 3  # in the error of an evaluation that failed whole
+
+
+class EvaluationFailed(ValueError):
+    """Every sample of a task's evaluation failed: there is no accuracy to report."""
+
+
+def failure_metrics(samples: Sequence[RolloutState]) -> dict[str, float]:
+    """``eval/failed`` (FAILED samples) and ``eval/failures/<reason>`` for each reason."""
+    reasons = count_reasons(samples)
+    return {
+        "eval/failed": float(sum(reasons.values())),
+        **{f"{FAILURES}{reason}": float(n) for reason, n in reasons.items()},
+    }
+
+
+def check_evaluation(task_name: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` unchanged, or EvaluationFailed when ``eval/failed`` is all of ``eval/n``,
+    naming the task and the most frequent reasons with their counts."""
+    n, failed = metrics["eval/n"], metrics.get("eval/failed", 0.0)
+    if n > 0 and failed >= n:
+        reasons = sorted(
+            ((k.removeprefix(FAILURES), v) for k, v in metrics.items() if k.startswith(FAILURES)),
+            key=lambda kv: (-kv[1], kv[0]),
+        )
+        named = ", ".join(f"{r} ({int(c)})" for r, c in reasons[:REASONS_NAMED])
+        more = len(reasons) - REASONS_NAMED
+        named += f", and {more} more reason(s)" if more > 0 else ""
+        raise EvaluationFailed(
+            f"evaluation of task {task_name!r}: all {int(n)} samples failed: {named or 'unknown'}"
+        )
+    return dict(metrics)
+
+
+def session_eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, float]:
+    """One session per task: eval/accuracy is the mean session score, a failed session
+    counting 0; a failed session's reason is that of its first FAILED segment."""
+    ok = [all(s.status == Status.COMPLETED for s in g) for g in groups]
+    scores = np.array(  # [N] one per task
+        [float(g[0].score or 0.0) if o else 0.0 for g, o in zip(groups, ok, strict=True)]
+    )
+    first_failed = [next((s for s in g if s.status == Status.FAILED), g[0]) for g in groups]
+    return {
+        "eval/accuracy": float(scores.mean()),
+        **failure_metrics([s for s, o in zip(first_failed, ok, strict=True) if not o]),
+        "eval/n": float(len(groups)),
+    }
