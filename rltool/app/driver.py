@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.app.checkpoint import save_checkpoint
 from rltool.app.failed_steps import (
     all_failed,
@@ -131,6 +132,17 @@ def _evaluate(run: Run, writer: MetricsWriter, view: RunView) -> dict[str, float
     return metrics
 
 
+def _evaluate_or_stop(
+    run: Run, writer: MetricsWriter, view: RunView
+) -> tuple[dict[str, float] | None, str | None]:
+    """A mid-run or final evaluation: (metrics, None), or (None, why) when every sample
+    failed, so that the run stops and still saves what it trained."""
+    try:
+        return _evaluate(run, writer, view), None
+    except EvaluationFailed as exc:
+        return None, str(exc)
+
+
 def _scores(line: dict) -> dict[str, float]:
     return {k: v for k, v in line.items() if "/" in k}
 
@@ -180,7 +192,7 @@ def _loop(
     else:
         first_eval, last_eval = (_scores(evals[0]), _scores(evals[-1])) if evals else ({}, {})
         last_eval_step = evals[-1]["step"] if evals else -1
-    stopped_by = "steps"
+    stopped_by, eval_error = "steps", None
     saved, saved_at = None, None
     first_step, unsaved_from = len(run.history), len(run.history)  # history index
     seen: set[str] = set()  # failure reasons shown in full already
@@ -199,7 +211,11 @@ def _loop(
                 stopped_by = "failures"
                 break
             if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
-                last_eval, last_eval_step = _evaluate(run, writer, view), run.step
+                evaluated, eval_error = _evaluate_or_stop(run, writer, view)
+                if evaluated is None:
+                    stopped_by = "failures"
+                    break
+                last_eval, last_eval_step = evaluated, run.step
             fault_point("train", run.step)
             # a step in which every sample failed changed nothing worth a checkpoint
             if cfg.save_every and run.step % cfg.save_every == 0 and not all_failed(metrics):
@@ -213,7 +229,8 @@ def _loop(
                 stopped_by = "time_budget"
                 break
     if stopped_by in ("steps", "time_budget") and last_eval_step != run.step:
-        last_eval = _evaluate(run, writer, view)
+        evaluated, eval_error = _evaluate_or_stop(run, writer, view)
+        last_eval = evaluated if evaluated is not None else last_eval
     unsaved = run.history[unsaved_from:]
     if not _saves_at_end(unsaved, stopped_by):
         newest = f"; the newest checkpoint is {saved}" if saved else ""
@@ -225,7 +242,9 @@ def _loop(
         view.note(f"checkpoint saved: {saved}")
     outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
     outcome.failures = run_failures(run.history)
-    if stopped_by == "failures":
+    if eval_error is not None:
+        outcome.stopped_by, outcome.failure = "failures", eval_error
+    elif stopped_by == "failures":
         outcome.failure = stop_message(failed_streak(run.history), outcome.failures)
     elif len(run.history) > first_step and trained_samples(run.history) == 0:
         outcome.failure = trained_nothing_message(len(run.history), outcome.failures)

@@ -69,3 +69,29 @@ def test_bad_names_fail_before_the_model_loads(tmp_path):
         result = _run(_args(missing, tmp_path, 1, override))
         assert result.exit_code == 1, result.output
         assert named in result.output and "no-such-model" not in result.output, result.output
+
+
+def test_an_evaluation_where_every_sample_failed_stops_the_run_and_keeps_its_training(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    from rltool.agent_loops.evaluation import EvaluationFailed
+    from rltool.app import driver
+
+    calls = []
+    real = driver.evaluate
+
+    def failing_after_the_first(run):
+        calls.append(run.step)
+        if len(calls) > 1:
+            raise EvaluationFailed("evaluation of task 'gsm8k': all 4 samples failed: x (4)")
+        return real(run)
+
+    monkeypatch.setattr(driver, "evaluate", failing_after_the_first)
+    result = _run(_args(tiny_checkpoint, tmp_path, 4, "trainer.eval_every=2"))
+    assert result.exit_code == 3, result.output
+    assert "all 4 samples failed" in result.output
+    assert calls == [0, 2]  # stopped at the failed evaluation after step 2
+    lines = _lines(tmp_path / "t")
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2]
+    # what was trained is kept: a checkpoint at step 2
+    assert (tmp_path / "t" / "checkpoints" / "latest").read_text().strip() == "step_000002"
