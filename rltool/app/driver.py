@@ -66,7 +66,7 @@ def train(
     view: RunView | None = None,
 ) -> TrainOutcome:
     view = view or SilentView()
-    view.phase("loading model and data")
+    view.phase("checking the recipe, then loading model and data")
     run = build_run(recipe)
     try:
         return _train(run, recipe, resume_dir, dump_rollouts, view)
