@@ -26,3 +26,22 @@ def short_train_args(
         "trainer.pack_max_length=256",
         *extra,
     ]
+
+
+GSM8K_TINY = Path(__file__).parents[1] / "recipes" / "gsm8k_tiny.yaml"
+
+
+def short_gsm8k_args(
+    ckpt: Path, run_dir: Path, steps: int, *extra: str, new_tokens: int = 4
+) -> list[str]:
+    """``short_train_args`` on the demo recipe, answers and evaluations cut to
+    ``new_tokens`` tokens."""
+    return short_train_args(
+        GSM8K_TINY,
+        ckpt,
+        run_dir,
+        steps,
+        f"rollout.sampling.max_new_tokens={new_tokens}",
+        f"rollout.eval_sampling.max_new_tokens={new_tokens}",
+        *extra,
+    )

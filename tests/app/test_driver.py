@@ -6,24 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from short_runs import short_train_args
+from short_runs import short_gsm8k_args
 from typer.testing import CliRunner
 
 from rltool.cli.app import app
 
-RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
-
 
 def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return short_train_args(
-        RECIPE,
-        ckpt,
-        run_dir,
-        steps,
-        "rollout.sampling.max_new_tokens=4",
-        "rollout.eval_sampling.max_new_tokens=4",
-        *extra,
-    )
+    return short_gsm8k_args(ckpt, run_dir, steps, *extra)
 
 
 def _run(args: list[str]):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from short_runs import short_train_args
+from short_runs import short_gsm8k_args, short_train_args
 from typer.testing import CliRunner
 
 from rltool.agent_loops import gsm8k
@@ -17,21 +17,11 @@ from rltool.cli.app import app
 from rltool.rollout.io import read_groups
 from rltool.rollout.state import Status
 
-RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
 CALCULATOR = str(Path(__file__).parents[2] / "recipes" / "localhost_calculator.yaml")
 
 
 def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return short_train_args(
-        RECIPE,
-        ckpt,
-        run_dir,
-        steps,
-        "rollout.sampling.max_new_tokens=4",
-        "rollout.eval_sampling.max_new_tokens=4",
-        "produce.oversample=0",
-        *extra,
-    )
+    return short_gsm8k_args(ckpt, run_dir, steps, "produce.oversample=0", *extra)
 
 
 def _run(args: list[str]):

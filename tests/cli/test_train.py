@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from short_runs import short_train_args
+from short_runs import short_gsm8k_args
 from typer.testing import CliRunner
 
 from rltool.app import driver
@@ -26,15 +26,7 @@ RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
 
 
 def _small(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return short_train_args(
-        RECIPE,
-        ckpt,
-        run_dir,
-        steps,
-        "rollout.sampling.max_new_tokens=6",
-        "rollout.eval_sampling.max_new_tokens=6",
-        *extra,
-    )
+    return short_gsm8k_args(ckpt, run_dir, steps, *extra, new_tokens=6)
 
 
 def _run(args: list[str]):

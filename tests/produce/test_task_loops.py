@@ -3,44 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from fake_engines import FixedReplyEngine
 from task_fakes import recipe_with, task
 
 from rltool.config.schema import RecipeConfig
-from rltool.engines.base import Generation, RolloutEngine
 from rltool.produce.task_loops import build_task_loops
 from rltool.rollout.state import Status
-
-
-class EchoEngine(RolloutEngine):
-    """Answers every prompt with ``reply`` + EOS; counts its calls."""
-
-    def __init__(self, tokenizer, reply: str = "#### 12") -> None:
-        self.tokenizer, self.reply, self.calls = tokenizer, reply, 0
-
-    @property
-    def model_step(self) -> int:
-        return 0
-
-    def sync_weights(self, model_step: int) -> None:
-        pass
-
-    def load_weights(self, state_dict, model_step: int) -> None:
-        pass
-
-    def generate(self, prompts, sampling):
-        self.calls += 1
-        ids = [*self.tokenizer.encode(self.reply, add_special_tokens=False)]
-        ids.append(self.tokenizer.eos_token_id)
-        return [
-            Generation(
-                token_ids=list(ids),
-                logprobs=[-0.5] * len(ids),
-                model_steps=[0] * len(ids),
-                finish_reason="stop",
-                text=self.reply,
-            )
-            for _ in prompts
-        ]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +21,7 @@ def tokenizer():
 def test_each_task_loop_labels_its_samples_with_the_task_name(tokenizer) -> None:
     calc = {"agent": "rltool.agents.calculator:run", "judger": "rltool.agents.calculator:judge"}
     r = recipe_with(task("add"), task("mul"), task("calc", loop="localhost", **calc))
-    loops = build_task_loops(r, EchoEngine(tokenizer), tokenizer)
+    loops = build_task_loops(r, FixedReplyEngine(tokenizer, "#### 12"), tokenizer)
     assert list(loops) == ["add", "mul", "calc"]
     assert [type(loop).name for loop in loops.values()] == ["gsm8k", "gsm8k", "localhost"]
     q = {"question": "Tom has 7 apples and buys 5 more. How many?", "answer": "#### 12"}
@@ -62,24 +30,29 @@ def test_each_task_loop_labels_its_samples_with_the_task_name(tokenizer) -> None
         assert [s.task_name for s in group] == [name, name]
         assert all(s.status == Status.COMPLETED and s.score == 1.0 for s in group), name
     # the single-task recipe: the loop's name
-    (only,) = build_task_loops(RecipeConfig(), EchoEngine(tokenizer), tokenizer).values()
+    (only,) = build_task_loops(
+        RecipeConfig(), FixedReplyEngine(tokenizer, "#### 12"), tokenizer
+    ).values()
     assert only.task_name == "gsm8k"
 
 
 def test_the_task_name_option_names_the_task_and_is_not_a_loop_option(tokenizer) -> None:
     r = RecipeConfig()
     r.agent_loop.options = {"task_name": "arith", "system_prompt": "be brief"}
-    loops = build_task_loops(r, EchoEngine(tokenizer), tokenizer)
+    loops = build_task_loops(r, FixedReplyEngine(tokenizer, "#### 12"), tokenizer)
     assert list(loops) == ["arith"]
     assert (loops["arith"].task_name, loops["arith"].system_prompt) == ("arith", "be brief")
     listed = recipe_with(task("add", task_name="add"))  # the same name: allowed
-    assert build_task_loops(listed, EchoEngine(tokenizer), tokenizer)["add"].task_name == "add"
+    assert (
+        build_task_loops(listed, FixedReplyEngine(tokenizer, "#### 12"), tokenizer)["add"].task_name
+        == "add"
+    )
 
 
 def test_the_loops_share_the_recipes_engine_tokenizer_and_sampling(tokenizer) -> None:
     r = recipe_with(task("add"), task("mul"))
     r.rollout.sampling.max_new_tokens = 7
-    engine = EchoEngine(tokenizer)
+    engine = FixedReplyEngine(tokenizer, "#### 12")
     add, mul = build_task_loops(r, engine, tokenizer).values()
     assert add.engine is engine and mul.engine is engine
     assert add.tokenizer is tokenizer
@@ -93,8 +66,8 @@ def test_bad_loop_options_name_the_task(tokenizer) -> None:
         match=r"^tasks\[1\] \(task 'b'\): agent_loop\.options\.system_promt: agent loop 'gsm8k' "
         r"has no such option; its options: system_prompt$",
     ):
-        build_task_loops(r, EchoEngine(tokenizer), tokenizer)
+        build_task_loops(r, FixedReplyEngine(tokenizer, "#### 12"), tokenizer)
     single = RecipeConfig()
     single.agent_loop.options = {"system_promt": "hi"}
     with pytest.raises(ValueError, match=r"^agent_loop\.options\.system_promt: agent loop"):
-        build_task_loops(single, EchoEngine(tokenizer), tokenizer)
+        build_task_loops(single, FixedReplyEngine(tokenizer, "#### 12"), tokenizer)

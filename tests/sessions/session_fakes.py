@@ -85,27 +85,3 @@ class ScriptedEngine(RolloutEngine):
             )
             self.generated += 1
         return out
-
-
-class FixedEngine(RolloutEngine):
-    """Answers every prompt at once with the same text (a fast stand-in for load)."""
-
-    def __init__(self, tokenizer, text: str = "ok"):
-        self.ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
-        self.text = text
-        self.prompts = 0  # prompts generated for
-
-    @property
-    def model_step(self) -> int:
-        return 0
-
-    def sync_weights(self, model_step: int) -> None:
-        pass
-
-    def load_weights(self, state_dict, model_step: int) -> None:
-        pass
-
-    def generate(self, prompts, sampling):
-        self.prompts += len(prompts)
-        n = len(self.ids)
-        return [Generation(list(self.ids), [-0.5] * n, [0] * n, "stop", self.text) for _ in prompts]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from session_fakes import FixedEngine
+from fake_engines import FixedReplyEngine
 
 from rltool.sessions import SessionServer
 from rltool.sessions.server import is_loopback
@@ -49,7 +49,9 @@ def raw_status(server: SessionServer, head: bytes) -> bytes:
 
 def test_a_body_over_the_limit_is_refused_with_413_without_being_read(tokenizer):
     body = b"x" * (64 * 2**20)  # allocated before the baseline: only the server's memory counts
-    with SessionServer(FixedEngine(tokenizer, "hi"), tokenizer, max_body_bytes=LIMIT) as server:
+    with SessionServer(
+        FixedReplyEngine(tokenizer, "hi"), tokenizer, max_body_bytes=LIMIT
+    ) as server:
         server.open_session("big")
         with httpx.Client(base_url=server.base_url("big"), timeout=60) as http:
             try:
@@ -76,7 +78,7 @@ def test_a_body_over_the_limit_is_refused_with_413_without_being_read(tokenizer)
     [(b"abc", b"400"), (b"-1", b"400"), (b"1 2", b"400"), (b"100000000000", b"413")],
 )
 def test_a_malformed_or_huge_content_length_gets_an_answer(tokenizer, length, status):
-    with SessionServer(FixedEngine(tokenizer), tokenizer, max_body_bytes=LIMIT) as server:
+    with SessionServer(FixedReplyEngine(tokenizer), tokenizer, max_body_bytes=LIMIT) as server:
         server.open_session("h")
         head = b"POST /s/h/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
         assert raw_status(server, head + length + b"\r\n\r\n").split(b" ")[1] == status
@@ -85,7 +87,7 @@ def test_a_malformed_or_huge_content_length_gets_an_answer(tokenizer, length, st
 
 def test_two_hundred_concurrent_turns_are_all_answered(tokenizer):
     n = 200
-    engine = FixedEngine(tokenizer, "ok")
+    engine = FixedReplyEngine(tokenizer, "ok")
     with SessionServer(engine, tokenizer) as server:
         ids = [server.open_session().session_id for _ in range(n - 50)]
         shared = server.open_session("shared")  # 50 turns at once on one session too
@@ -107,7 +109,7 @@ def test_two_hundred_concurrent_turns_are_all_answered(tokenizer):
 
 
 def test_server_made_session_ids_come_from_secrets(tokenizer, monkeypatch):
-    server = SessionServer(FixedEngine(tokenizer), tokenizer)
+    server = SessionServer(FixedReplyEngine(tokenizer), tokenizer)
     a, b = server.open_session().session_id, server.open_session().session_id
     assert re.fullmatch(r"[0-9a-f]{32}", a) and a != b  # 128 random bits each
     monkeypatch.setattr("rltool.sessions.server.secrets.token_hex", lambda n: f"t{n}")
@@ -121,8 +123,8 @@ def test_loopback_is_told_apart_from_other_hosts():
 
 def test_a_non_loopback_bind_needs_an_api_key_and_checks_it(tokenizer):
     with pytest.raises(ValueError, match=r"host '0\.0\.0\.0' is not a loopback.*api_key"):
-        SessionServer(FixedEngine(tokenizer), tokenizer, host="0.0.0.0")
-    engine = FixedEngine(tokenizer, "hi")
+        SessionServer(FixedReplyEngine(tokenizer), tokenizer, host="0.0.0.0")
+    engine = FixedReplyEngine(tokenizer, "hi")
     with SessionServer(engine, tokenizer, host="0.0.0.0", api_key="s3cret") as server:
         server.open_session("k")
         url = server.base_url("k").replace("0.0.0.0", "127.0.0.1")
@@ -151,7 +153,7 @@ def test_stop_leaves_no_thread_socket_or_socket_file(tokenizer, tmp_path):
     gc.collect()
     threads, before = set(threading.enumerate()), fds()
     sock = tmp_path / "s.sock"
-    with SessionServer(FixedEngine(tokenizer), tokenizer, unix_socket=sock) as server:
+    with SessionServer(FixedReplyEngine(tokenizer), tokenizer, unix_socket=sock) as server:
         server.open_session("z")
         with httpx.Client() as http:
             assert http.post(server.base_url("z") + "/chat/completions", json=CHAT).is_success
@@ -162,7 +164,7 @@ def test_stop_leaves_no_thread_socket_or_socket_file(tokenizer, tmp_path):
     assert not sock.exists()
 
 
-class GatedEngine(FixedEngine):
+class GatedEngine(FixedReplyEngine):
     """Holds each engine call until released, telling when one has started."""
 
     def __init__(self, tokenizer):
