@@ -116,11 +116,11 @@ class TrainView:
 
     def phase(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(f"[bold cyan]rltool[/] {text}")
+            self.console.print(f"[bold cyan]rltool[/] {escape(text)}")
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(f"[dim]{text}[/]")
+            self.console.print(f"[dim]{escape(text)}[/]")
 
     def warn(self, text: str) -> None:
         if not self.quiet:
@@ -160,7 +160,7 @@ class TrainView:
             for g in skipped:
                 reasons[g.reason] = reasons.get(g.reason, 0) + 1
             text = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
-            self.console.print(f"           [yellow]skipped groups: {text}[/]")
+            self.console.print(f"           [yellow]skipped groups: {escape(text)}[/]")
         failed = failure_counts(metrics)
         if failed is not None:
             self.console.print(f"           [yellow]failed samples: {escape(failed)}[/]")
@@ -186,7 +186,8 @@ class TrainView:
             if k.startswith("eval/") and k != "eval/accuracy"
         )
         self.console.print(
-            f"[bold magenta]eval @ step {step:>4}[/]  accuracy [bold]{acc:.3f}[/]  [dim]{extra}"
+            f"[bold magenta]eval @ step {step:>4}[/]  accuracy [bold]{acc:.3f}[/]  "
+            f"[dim]{escape(extra)}"
             f"  ({metrics.get('time/eval', 0.0):.1f}s)[/]"
         )
 
