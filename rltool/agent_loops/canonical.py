@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rltool.rollout.contract import check_sample, errors
+from rltool.rollout.contract import check_samples, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 
@@ -57,26 +57,46 @@ def build_prompt_response_fields(
     state.logprobs = np.concatenate([np.zeros(prompt.size), lp])  # [P + R]
 
 
-def canonicalize_prompt_response(
+def build_or_fail(
     state: RolloutState,
     response_logprobs: Sequence[float] | None,
     tokenize: Callable[[str], list[int]] | None,
 ) -> RolloutState:
-    """Prompt+response build, then the contract check. Never raises."""
+    """The prompt+response build, without the check; FAILED when the fields cannot be
+    built. Never raises."""
     if state.status == Status.FAILED:
         return state
     try:
         build_prompt_response_fields(state, response_logprobs, tokenize)
     except (ValueError, TypeError) as exc:
         return state.fail(f"canonicalize_train_fields: {exc}")
-    return check_train_fields(state)
+    return state
+
+
+def canonicalize_prompt_response(
+    state: RolloutState,
+    response_logprobs: Sequence[float] | None,
+    tokenize: Callable[[str], list[int]] | None,
+) -> RolloutState:
+    """Prompt+response build, then the contract check. Never raises."""
+    return check_train_fields(build_or_fail(state, response_logprobs, tokenize))
+
+
+def check_many(states: Sequence[RolloutState]) -> None:
+    """The contract check of every sample not FAILED yet, in one vectorised call (a loop
+    canonicalizes a whole batch: one check per sample costs ~0.4 ms of overhead each);
+    a sample that breaks an invariant becomes FAILED with the violations."""
+    todo = [s for s in states if s.status != Status.FAILED]
+    if not todo:
+        return
+    checked = check_samples(todo, require_reward=False)
+    for s, violations in zip(todo, checked.violations, strict=True):
+        bad = errors(violations)
+        if bad:
+            s.fail("contract violation: " + "; ".join(str(v) for v in bad))
 
 
 def check_train_fields(state: RolloutState) -> RolloutState:
     """Check fields built elsewhere (agentic loops); FAILED on a violation."""
-    if state.status == Status.FAILED:
-        return state
-    bad = errors(check_sample(state, require_reward=False))
-    if bad:
-        return state.fail("contract violation: " + "; ".join(str(v) for v in bad))
+    check_many([state])
     return state

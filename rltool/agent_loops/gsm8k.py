@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
+from rltool.agent_loops.canonical import build_or_fail, check_many
 from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
@@ -83,14 +84,17 @@ class GSM8KLoop(AgentLoop):
         gens = self.engine.generate(repeated, sampling or self.sampling)
         if len(gens) != len(repeated):
             raise ValueError(f"engine returned {len(gens)} generations for {len(repeated)} prompts")
-        return [
-            [self._sample(task, msgs, prompt, gens[g * n + i], f"{gid}/{i}", gid) for i in range(n)]
+        states = [
+            self._build(task, msgs, prompt, gens[g * n + i], f"{gid}/{i}", gid)
             for g, (task, msgs, prompt, gid) in enumerate(
                 zip(tasks, messages, prompts, group_ids, strict=True)
             )
+            for i in range(n)
         ]
+        self._check_and_reward(states)
+        return [states[g * n : (g + 1) * n] for g in range(len(tasks))]
 
-    def _sample(
+    def _build(
         self,
         task: dict[str, Any],
         messages: list[dict[str, str]],
@@ -113,10 +117,15 @@ class GSM8KLoop(AgentLoop):
             response_model_steps=list(gen.model_steps),
             extra={"ground_truth": truth},
         )
-        state = self.canonicalize_train_fields(state, gen.logprobs)
-        if state.status == Status.FAILED:
-            return state
-        return self._reward(state, score_response(gen.text, truth))
+        return build_or_fail(state, gen.logprobs, self.tokenize_text)
+
+    def _check_and_reward(self, states: list[RolloutState]) -> None:
+        """The contract check of the whole batch in one call, then each sample's reward."""
+        check_many(states)
+        for state in states:
+            if state.status != Status.FAILED:
+                truth = state.extra["ground_truth"]
+                self._reward(state, score_response(state.response_text or "", truth))
 
     def _reward(self, state: RolloutState, result: RewardResult) -> RolloutState:
         state.reward = {
@@ -156,9 +165,10 @@ class GSM8KLoop(AgentLoop):
         gens = self.engine.generate(prompts, sampling)
         kept, self._reward_errors = self._reward_errors, 0  # training counts stay as they were
         samples = [
-            self._sample(t, m, p, g, f"eval-{i}/0", f"eval-{i}")
+            self._build(t, m, p, g, f"eval-{i}/0", f"eval-{i}")
             for i, (t, m, p, g) in enumerate(zip(tasks, messages, prompts, gens, strict=True))
         ]
+        self._check_and_reward(samples)
         reward_errors, self._reward_errors = self._reward_errors, kept
         correct = np.array(  # [N]
             [s.status == Status.COMPLETED and bool(s.reward.get("correct")) for s in samples],
