@@ -48,11 +48,17 @@ class GSM8KLoop(AgentLoop):
     # --- prompts ------------------------------------------------------------------------
 
     def prompt_messages(self, task: dict[str, Any]) -> list[dict[str, str]]:
-        if "question" not in task:
+        """The row's chat ``messages`` as given (a prompt mapped from chat messages), else
+        one user message with its ``question``; ``system_prompt`` goes first unless the
+        messages already open with a system message."""
+        if task.get("messages"):
+            messages = [dict(m) for m in task["messages"]]
+        elif "question" in task:
+            messages = [{"role": "user", "content": str(task["question"])}]
+        else:
             fields = ", ".join(sorted(task))
-            raise ValueError(f"gsm8k task has no 'question' field (fields: {fields})")
-        messages = [{"role": "user", "content": str(task["question"])}]
-        if self.system_prompt:
+            raise ValueError(f"gsm8k task has no 'question' or 'messages' field (fields: {fields})")
+        if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 

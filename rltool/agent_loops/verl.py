@@ -122,8 +122,9 @@ class VerlAgentLoop(AgentLoop):
     # --- tasks ------------------------------------------------------------------------
 
     def raw_prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-        """A task's chat messages: ``raw_prompt``/``prompt`` (verl's dataset) or ``question``."""
-        for key in ("raw_prompt", "prompt"):
+        """A task's chat messages: ``messages`` (a mapped row), ``raw_prompt``/``prompt``
+        (verl's dataset) or ``question``."""
+        for key in ("messages", "raw_prompt", "prompt"):
             if isinstance(task.get(key), list):
                 return [dict(m) for m in task[key]]
         if "question" not in task:

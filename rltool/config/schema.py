@@ -62,6 +62,12 @@ class DataConfig:
     group_size: int = 8
     eval_limit: int = 200  # held-out problems per evaluation (0 = all)
     shuffle: bool = True
+    # where a record's fields come from: a preset (gsm8k | verl) and dotted paths that
+    # override it; docs/foundations.md#task-records
+    preset: str = ""  # "" = gsm8k: question, answer
+    prompt_key: str = ""  # a string, or chat messages (verl: prompt)
+    answer_key: str = ""  # the ground truth (verl: reward_model.ground_truth)
+    task_key: str = ""  # kept on the row as "task" (verl: data_source)
 
 
 @dataclass
@@ -73,6 +79,11 @@ class TaskConfig:
     agent_loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
+    # the record mapping of this task's files; all four empty = data.*'s
+    preset: str = ""
+    prompt_key: str = ""
+    answer_key: str = ""
+    task_key: str = ""
 
 
 @dataclass

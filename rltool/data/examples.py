@@ -1,6 +1,8 @@
-"""Load task records (``{"question": ..., "answer": ..., ...}``) from local files.
+"""Load task records from local files and map each to the canonical row
+(``rltool.data.mapping``).
 
-``.jsonl`` or ``.parquet``; a bad record is a ValueError naming the file and line or row.
+``.jsonl``, ``.parquet`` or a saved Hugging Face ``datasets`` directory (the
+``rltool[datasets]`` extra); a bad record is a ValueError naming the file and line or row.
 Design: docs/foundations.md#task-records
 """
 
@@ -11,26 +13,35 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rltool.data.mapping import FieldMap, map_record
+
 REQUIRED_FIELDS = ("question", "answer")
 BUILTIN_PREFIX = "builtin:"
 
 
-def load_examples(files: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """All records of ``files``, in file order then line/row order."""
+def load_examples(
+    files: Iterable[str | Path], fields: FieldMap | None = None
+) -> list[dict[str, Any]]:
+    """All records of ``files`` mapped by ``fields`` (default: ``question``/``answer``),
+    in file order then line/row order."""
+    fields = fields or FieldMap()
     out: list[dict[str, Any]] = []
     for f in files:
         path = _resolve(f)
-        if not path.is_file():
+        if path.is_dir():
+            rows = _read_datasets_dir(path)
+        elif not path.is_file():
             raise ValueError(f"data file {path} does not exist")
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            out.extend(_read_jsonl(path))
-        elif suffix == ".parquet":
-            out.extend(_read_parquet(path))
+        elif path.suffix.lower() == ".jsonl":
+            rows = _read_jsonl(path)
+        elif path.suffix.lower() == ".parquet":
+            rows = _read_parquet(path)
         else:
             raise ValueError(
-                f"data file {path}: unsupported format {suffix!r}; use .jsonl or .parquet"
+                f"data file {path}: unsupported format {path.suffix.lower()!r}; use .jsonl, "
+                ".parquet or a directory saved by datasets' save_to_disk"
             )
+        out.extend(map_record(record, fields, where) for where, record in rows)
     return out
 
 
@@ -42,7 +53,7 @@ def _resolve(f: str | Path) -> Path:
     return Path(f)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     records = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -55,11 +66,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise ValueError(
                     f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
                 ) from exc
-            records.append(_check_record(record, where))
+            records.append((where, record))
     return records
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
+def _read_parquet(path: Path) -> list[tuple[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -67,19 +78,26 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"{path}: cannot read as Parquet ({exc})") from exc
-    return [_check_record(r, f"{path} row {i}") for i, r in enumerate(table.to_pylist())]
+    return [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist())]
 
 
-def _check_record(record: Any, where: str) -> dict[str, Any]:
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
-    missing = [k for k in REQUIRED_FIELDS if record.get(k) is None]
-    if missing:
-        have = ", ".join(sorted(record)) or "none"
-        raise ValueError(f"{where}: missing field {missing[0]!r} (fields present: {have})")
-    if not isinstance(record["question"], str) or not record["question"].strip():
-        raise ValueError(f"{where}: 'question' must be a non-empty string")
-    if not isinstance(record["answer"], str | int | float) or isinstance(record["answer"], bool):
-        kind = type(record["answer"]).__name__
-        raise ValueError(f"{where}: 'answer' must be a string or a number, got {kind}")
-    return record
+def _read_datasets_dir(path: Path) -> list[tuple[str, Any]]:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ValueError(
+            f"data directory {path}: reading a Hugging Face datasets directory needs the "
+            "'datasets' package; install the extra: pip install 'rltool[datasets]'"
+        ) from exc
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise ValueError(
+            f"data directory {path}: not a directory saved by datasets' save_to_disk ({exc})"
+        ) from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = ", ".join(f"{path / s}" for s in loaded)
+        raise ValueError(
+            f"data directory {path} holds several splits; name one split's directory: {splits}"
+        )
+    return [(f"{path} row {i}", r) for i, r in enumerate(loaded.to_list())]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rltool.agent_loops.base import AGENT_LOOPS, AgentLoop
+from rltool.data.mapping import FieldMap
 from rltool.produce.task_specs import TASK_NAME_OPTION, TaskSpec
 
 MAX_RECORDS_NAMED = 3  # bad records named per data file; the rest are counted
@@ -45,17 +46,20 @@ def task_problems(spec: TaskSpec) -> list[str]:
         return [str(exc)]  # the loop's own checks would misread options it does not take
     problems = list(loop_cls.preflight(options))
     for path in dict.fromkeys([*spec.train_files, *spec.eval_files]):
-        problems += data_file_problems(loop_cls, path)
+        problems += data_file_problems(loop_cls, path, spec.fields)
     return problems
 
 
-def data_file_problems(loop_cls: type[AgentLoop], path: str) -> list[str]:
-    """The file exists and holds records (``rltool.data``'s check), each readable by the loop
+def data_file_problems(
+    loop_cls: type[AgentLoop], path: str, fields: FieldMap | None = None
+) -> list[str]:
+    """The file exists and holds records mapped by ``fields`` (``rltool.data``'s check:
+    a missing mapped field is named by its dotted path), each readable by the loop
     (``record_problem``): the first bad records named with their index, the rest counted."""
     from rltool.data import load_examples  # lazy: builtin paths pull in the model stack
 
     try:
-        records = load_examples([path])
+        records = load_examples([path], fields)
     except ValueError as exc:
         return [str(exc)]
     bad = []

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rltool.agent_loops.base import AGENT_LOOPS
-from rltool.config.schema import AgentLoopConfig, RecipeConfig
+from rltool.config.schema import AgentLoopConfig, DataConfig, RecipeConfig, TaskConfig
+from rltool.data.mapping import FieldMap, field_map
 
 # the option of ``agent_loop.options`` that names the task; the loop never sees it
 TASK_NAME_OPTION = "task_name"
@@ -26,6 +27,7 @@ class TaskSpec:
     train_files: list[str]
     eval_files: list[str]
     where: str = "agent_loop"  # the recipe key it came from, for error messages
+    fields: FieldMap = field(default_factory=FieldMap)  # where a record's fields come from
 
 
 def default_task_name(loop: AgentLoopConfig) -> str:
@@ -43,6 +45,7 @@ def task_specs(recipe: RecipeConfig) -> list[TaskSpec]:
             train_files=list(recipe.data.train_files),
             eval_files=list(recipe.data.eval_files),
             where="agent_loop",
+            fields=_fields(recipe.data, "data"),
         )
         specs = [single]
     else:
@@ -54,11 +57,20 @@ def task_specs(recipe: RecipeConfig) -> list[TaskSpec]:
                 train_files=list(t.train_files),
                 eval_files=list(t.eval_files),
                 where=f"tasks[{i}]",
+                fields=_fields(t, f"tasks[{i}]") if _maps(t) else _fields(recipe.data, "data"),
             )
             for i, t in enumerate(recipe.tasks)
         ]
     check_specs(specs, recipe.algorithm.task_adv_weight)
     return specs
+
+
+def _maps(c: TaskConfig) -> bool:
+    return any((c.preset, c.prompt_key, c.answer_key, c.task_key))
+
+
+def _fields(c: DataConfig | TaskConfig, where: str) -> FieldMap:
+    return field_map(c.preset, c.prompt_key, c.answer_key, c.task_key, where)
 
 
 def check_specs(specs: Sequence[TaskSpec], task_adv_weight: Mapping[str, float]) -> None:
@@ -116,11 +128,11 @@ def load_task_data(recipe: RecipeConfig) -> dict[str, tuple[list[dict], list[dic
     out: dict[str, tuple[list[dict], list[dict]]] = {}
     limit = recipe.data.eval_limit
     for spec in task_specs(recipe):
-        train = load_examples(spec.train_files)
+        train = load_examples(spec.train_files, spec.fields)
         if not train:
             raise ValueError(
                 f"task {spec.name!r}: the training files {spec.train_files} hold no records"
             )
-        evals = load_examples(spec.eval_files)
+        evals = load_examples(spec.eval_files, spec.fields)
         out[spec.name] = (train, evals[:limit] if limit else evals)
     return out

@@ -221,8 +221,38 @@ def test_evaluate_counts_failed_samples_by_reason_and_fails_when_all_fail(
 
 def test_task_without_question_is_a_clear_error(tokenizer) -> None:
     loop, _ = make_loop(tokenizer, [("#### 5", "stop")])
-    with pytest.raises(ValueError, match="no 'question' field"):
+    with pytest.raises(ValueError, match="no 'question' or 'messages' field"):
         loop.generate_group({"prompt": "hi", "answer": "1"}, 1, "g0")
+
+
+def test_a_row_with_messages_is_rendered_with_the_chat_template(tokenizer) -> None:
+    # a prompt mapped from chat messages (verl's layout) is used as given, not as a question
+    row = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "what is 2 + 3 ?"},
+        ],
+        "question": "what is 7 * 7 ?",
+        "answer": "5",
+    }
+    loop, engine = make_loop(tokenizer, [("#### 5", "stop")], system_prompt="what")
+    [state] = loop.generate_group(row, 1, "g0")
+    # the row's own system message is kept; system_prompt is not added a second time
+    assert engine.calls[0][0][0] == ids(
+        "<s> system : be brief <eos> <s> user : what is 2 + 3 ? <eos> <s> assistant :"
+    )
+    assert state.messages[:2] == row["messages"]
+    assert state.reward["correct"] is True
+
+
+def test_system_prompt_goes_before_messages_without_one(tokenizer) -> None:
+    row = {"messages": [{"role": "user", "content": "what is 2 + 3 ?"}], "answer": "5"}
+    loop, engine = make_loop(tokenizer, [("#### 6", "stop")], system_prompt="be brief")
+    [state] = loop.generate_group(row, 1, "g0")
+    assert engine.calls[0][0][0] == ids(
+        "<s> system : be brief <eos> <s> user : what is 2 + 3 ? <eos> <s> assistant :"
+    )
+    assert state.reward["correct"] is False
 
 
 def test_registry_builds_gsm8k_and_lists_known_loops() -> None:

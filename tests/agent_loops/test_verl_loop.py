@@ -457,3 +457,13 @@ def test_a_loop_returning_no_agent_loop_output_fails(tokenizer) -> None:
     [[s]] = loop.generate_groups(TASKS[:1], 1, ["g0"])
     assert s.status == Status.FAILED
     assert s.error == "verl: bad loop output ('dict' object has no attribute 'response_mask')"
+
+
+def test_a_mapped_rows_messages_come_first(tokenizer) -> None:
+    loop, _ = make_loop(tokenizer)
+    row = {
+        "messages": [{"role": "user", "content": "a"}],
+        "prompt": [{"role": "user", "content": "b"}],
+    }
+    assert loop.raw_prompt(row) == [{"role": "user", "content": "a"}]
+    assert loop.raw_prompt({"prompt": [{"role": "user", "content": "b"}]})[0]["content"] == "b"

@@ -157,7 +157,8 @@ def test_sandbox_records_are_checked_field_by_field(monkeypatch, tmp_path):
 def test_gsm8k_records_need_question_and_answer(tmp_path):
     train = write_jsonl(tmp_path / "t.jsonl", [{"question": "1+1?", "answer": "2"}, {"q": "x"}])
     assert problems_of(GSM8K_RECIPE, f"data.train_files=[{train}]") == [
-        f"{train}:2: missing field 'question' (fields present: q)"
+        f"{train}:2: missing field 'question' (fields present: q); if the prompt is named "
+        "otherwise, set the recipe's data.prompt_key or data.preset"
     ]
 
 

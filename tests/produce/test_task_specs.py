@@ -112,3 +112,28 @@ def test_load_task_data_cuts_each_tasks_eval_rows(tmp_path: Path) -> None:
     b.train_files = [str(empty)]
     with pytest.raises(ValueError, match=r"task 'b': the training files .* hold no records"):
         load_task_data(r)
+
+
+def test_each_task_maps_its_records_or_takes_the_data_mapping(tmp_path: Path) -> None:
+    verl = tmp_path / "v.jsonl"
+    verl.write_text(
+        json.dumps({"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "x",
+                    "reward_model": {"ground_truth": "2"}}) + "\n"
+    )  # fmt: skip
+    plain = tmp_path / "p.jsonl"
+    plain.write_text(json.dumps({"q": "2+2?", "a": "4"}) + "\n")
+    a, b = task("a"), task("b")
+    a.train_files, b.train_files = [str(verl)], [str(plain)]
+    a.preset = "verl"  # its own mapping
+    r = recipe_with(a, b)
+    r.data.prompt_key, r.data.answer_key = "q", "a"  # b sets none: data.*'s
+    data = load_task_data(r)
+    assert data["a"][0] == [
+        {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "x",
+         "reward_model": {"ground_truth": "2"}, "messages": [{"role": "user", "content": "1+1?"}],
+         "answer": "2", "task": "x"}
+    ]  # fmt: skip
+    assert data["b"][0] == [{"q": "2+2?", "a": "4", "question": "2+2?", "answer": "4"}]
+    b.preset = "nope"
+    with pytest.raises(ValueError, match=r"tasks\[1\].preset: unknown preset 'nope'"):
+        task_specs(recipe_with(a, b))

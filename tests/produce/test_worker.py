@@ -92,7 +92,7 @@ def test_a_loop_that_raises_gives_error_outcomes(model, tokenizer):
     bad = [GroupRequest("gsm8k", {"no_question": 1}, "s1-g0-p0", 2)]
     good = [GroupRequest("gsm8k", TASKS[0], "s1-g1-p1", 2, sampling=SamplingConfig(top_p=0.9))]
     [failed, ok] = worker.generate(bad + good)
-    assert failed.group is None and "no 'question' field" in failed.error
+    assert failed.group is None and "no 'question' or 'messages' field" in failed.error
     assert "worker-0" in failed.error and ok.error is None
     [unknown] = worker.generate([GroupRequest("nope", TASKS[0], "s1-g2-p2", 2)])
     assert "unknown task 'nope'" in unknown.error
