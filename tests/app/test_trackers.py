@@ -1,0 +1,115 @@
+"""logging.trackers: names and packages checked before the model loads; W&B in offline mode."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+
+import pytest
+
+from rltool.app.metrics_log import MetricsWriter
+from rltool.app.trackers import check_trackers, open_trackers, tracker_names
+from rltool.config.loader import load_recipe
+from rltool.config.schema import LoggingConfig, RecipeConfig
+
+
+def test_tensorboard_flag_is_an_alias_of_the_list():
+    assert tracker_names(LoggingConfig()) == []
+    assert tracker_names(LoggingConfig(tensorboard=True)) == ["tensorboard"]
+    both = LoggingConfig(trackers=["wandb", "tensorboard"], tensorboard=True)
+    assert tracker_names(both) == ["wandb", "tensorboard"]
+
+
+def test_unknown_tracker_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"logging\.trackers: unknown tracker 'mlflow'.*"):
+        check_trackers(LoggingConfig(trackers=["mlflow"]))
+    with pytest.raises(ValueError, match="known: tensorboard, wandb"):
+        check_trackers(LoggingConfig(trackers=["mlflow"]))
+
+
+def test_missing_package_says_which_extra_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ValueError) as err:
+        check_trackers(LoggingConfig(trackers=["wandb"]))
+    assert str(err.value) == (
+        "logging.trackers: wandb needs the wandb package: pip install 'rltool[wandb]'"
+    )
+
+
+def test_trackers_come_from_a_recipe_override(tmp_path):
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text("logging:\n  name: mine\n")
+    recipe = load_recipe(recipe_file, ["logging.trackers=[wandb]"])
+    assert recipe.logging.trackers == ["wandb"]
+
+
+def test_wandb_offline_run_records_the_metrics_and_the_recipe(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")  # in the dev extra; an install without it skips
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
+    recipe = RecipeConfig()
+    recipe.logging.trackers = ["wandb"]
+    recipe.logging.name = "offline-test"
+    writer = MetricsWriter(tmp_path, open_trackers(tmp_path, recipe))
+    writer.write(0, {"eval/accuracy": 0.25}, kind="eval")
+    writer.write(1, {"actor/pg_loss": 0.5, "actor/kl": float("inf")}, kind="train")
+    writer.write(2, {"actor/pg_loss": 0.125}, kind="train")
+    writer.close()
+
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    (log,) = runs[0].glob("run-*.wandb")  # what `wandb sync` uploads later
+    records = read_wandb_log(log)
+    history = [
+        {_key(item): json.loads(item.value_json) for item in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+    for line in history:
+        del line["_timestamp"], line["_runtime"]
+    assert history == [
+        {"eval/accuracy": 0.25, "_step": 0},
+        {"actor/pg_loss": 0.5, "_step": 1},  # the infinite KL is left out
+        {"actor/pg_loss": 0.125, "_step": 2},
+    ]
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.display_name, run.project) == ("offline-test", "rltool")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["model"]["path"] == "builtin:tiny-gsm8k"
+    assert config["logging"]["trackers"] == ["wandb"]
+
+
+def _key(item):
+    return item.key or "/".join(item.nested_key)  # W&B stores "eval/accuracy" as nested
+
+
+def read_wandb_log(path):
+    """The records of a W&B transaction log (``run-*.wandb``): a 7-byte header, then
+    LevelDB-style 32 KiB blocks of chunks (crc, length, type) holding protobuf records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, chunk, records = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            break
+        chunk += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunk)
+            records.append(record)
+            chunk = b""
+    return records
