@@ -62,6 +62,9 @@ def test_wandb_offline_run_records_the_metrics_and_the_recipe(tmp_path, monkeypa
     writer.write(1, {"actor/pg_loss": 0.5, "actor/kl": float("inf")}, kind="train")
     writer.write(2, {"actor/pg_loss": 0.125}, kind="train")
     writer.close()
+    import wandb
+
+    wandb.teardown()  # stops wandb's service process, which flushes the run log to disk
 
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
