@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from hub_and_wandb import build_hub_cache
 
 from rltool.config.schema import ModelConfig
 from rltool.models import (
@@ -13,17 +14,6 @@ from rltool.models import (
     looks_like_hub_id,
     resolve_model_path,
 )
-
-REV = "0123456789abcdef0123456789abcdef01234567"
-
-
-def build_hub_cache(cache, repo_id, checkpoint):
-    """The layout huggingface_hub writes: models--org--name/{refs/main, snapshots/<rev>/}."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    shutil.copytree(checkpoint, repo / "snapshots" / REV)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(REV)
-    return repo / "snapshots" / REV
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import struct
 
 import pytest
+from hub_and_wandb import read_wandb_log, wandb_key
 
 from rltool.app.metrics_log import MetricsWriter
 from rltool.app.trackers import check_trackers, open_trackers, tracker_names
@@ -71,7 +71,7 @@ def test_wandb_offline_run_records_the_metrics_and_the_recipe(tmp_path, monkeypa
     (log,) = runs[0].glob("run-*.wandb")  # what `wandb sync` uploads later
     records = read_wandb_log(log)
     history = [
-        {_key(item): json.loads(item.value_json) for item in r.history.item}
+        {wandb_key(item): json.loads(item.value_json) for item in r.history.item}
         for r in records
         if r.WhichOneof("record_type") == "history"
     ]
@@ -87,32 +87,3 @@ def test_wandb_offline_run_records_the_metrics_and_the_recipe(tmp_path, monkeypa
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["model"]["path"] == "builtin:tiny-gsm8k"
     assert config["logging"]["trackers"] == ["wandb"]
-
-
-def _key(item):
-    return item.key or "/".join(item.nested_key)  # W&B stores "eval/accuracy" as nested
-
-
-def read_wandb_log(path):
-    """The records of a W&B transaction log (``run-*.wandb``): a 7-byte header, then
-    LevelDB-style 32 KiB blocks of chunks (crc, length, type) holding protobuf records."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    block, pos, chunk, records = 32768, 7, b"", []
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0:
-            break
-        chunk += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # a full record, or the last chunk of one
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(chunk)
-            records.append(record)
-            chunk = b""
-    return records
