@@ -87,3 +87,23 @@ def test_wandb_offline_run_records_the_metrics_and_the_recipe(tmp_path, monkeypa
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["model"]["path"] == "builtin:tiny-gsm8k"
     assert config["logging"]["trackers"] == ["wandb"]
+
+
+def test_tensorboard_writes_the_finite_scalars_per_step(tmp_path):
+    pytest.importorskip("tensorboard")  # in the dev extra; an install without it skips
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    recipe = RecipeConfig()
+    recipe.logging.tensorboard = True  # the alias
+    writer = MetricsWriter(tmp_path, open_trackers(tmp_path, recipe))
+    writer.write(0, {"eval/accuracy": 0.25}, kind="eval")
+    writer.write(1, {"actor/pg_loss": 0.5, "actor/kl": float("nan")}, kind="train")
+    writer.write(2, {"actor/pg_loss": 0.125}, kind="train")
+    writer.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["actor/pg_loss", "eval/accuracy"]
+    loss = [(e.step, e.value) for e in events.Scalars("actor/pg_loss")]
+    assert loss == [(1, 0.5), (2, 0.125)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/accuracy")] == [(0, 0.25)]
