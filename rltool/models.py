@@ -125,7 +125,8 @@ def resolve_hub_model(repo_id: str, key: str = "model.path") -> Path:
     except LocalEntryNotFoundError:
         pass  # not cached: download it below unless offline
     how = (
-        f"download it on a machine with network (`huggingface-cli download {repo_id}`, "
+        f"download it on a machine with network (`hf download {repo_id}`, or "
+        f"`huggingface-cli download` with an older huggingface_hub, "
         f"with HF_HUB_CACHE or HF_HOME pointing at the cache used here) or give a local "
         f"checkpoint directory"
     )

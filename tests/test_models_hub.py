@@ -59,7 +59,7 @@ def test_not_cached_and_offline_says_how_to_provide_it(hub_env):
     msg = str(err.value)
     assert msg.startswith("model.path: 'Qwen/Qwen2.5-0.5B-Instruct' is not a local directory")
     assert str(hub_env) in msg and "HF_HUB_OFFLINE is set" in msg
-    assert "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct" in msg
+    assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in msg
 
 
 def test_not_cached_and_unreachable_says_so(hub_env, monkeypatch):
@@ -68,7 +68,7 @@ def test_not_cached_and_unreachable_says_so(hub_env, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # refused at once
-    with pytest.raises(ValueError, match=r"could not be downloaded.*huggingface-cli download"):
+    with pytest.raises(ValueError, match=r"could not be downloaded.*hf download"):
         resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct", key="distill.teacher_path")
     with pytest.raises(ValueError, match=r"^distill\.teacher_path: "):
         resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct", key="distill.teacher_path")
