@@ -1,13 +1,15 @@
 """Loading the policy model and tokenizer from a recipe's ``model`` section.
 
-``builtin:tiny-gsm8k`` is built into the cache by the application (``rltool.demo.model``)
-and then loaded from that directory through the very same path as a user's
-local checkpoint, so the demo exercises the real loading code. Nothing is ever
-fetched from a model hub (``local_files_only=True``).
+``model.path`` is a local checkpoint directory, ``builtin:<name>`` (built into the cache
+by ``rltool.demo.model`` and loaded like a user's directory), or a Hugging Face hub id
+resolved offline-first through the hub cache. Design: docs/app.md#model-paths Loading itself always
+reads that directory (``local_files_only=True``).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from rltool.config.schema import ModelConfig
 from rltool.demo.cache import BUILTIN_DIRS, demo_cache_dir
 
 BUILTIN_PREFIX = "builtin:"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as every peer writes it
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -56,29 +59,94 @@ def check_builtin_model(path: str) -> str:
     return name
 
 
-def resolve_model_path(path: str) -> Path:
-    """The checkpoint directory for ``model.path``; a builtin demo must have been built
-    (``rltool.demo.model.ensure_demo_checkpoint``; ``rltool train`` does it on first use)."""
+def resolve_model_path(path: str, key: str = "model.path") -> Path:
+    """The checkpoint directory for ``model.path`` (``key`` names it in errors): a builtin
+    demo (built by ``rltool.demo.model.ensure_demo_checkpoint``; ``rltool train`` does it on
+    first use), an existing local directory, or else a hub id found in the hub cache."""
     if path.startswith(BUILTIN_PREFIX):
         name = check_builtin_model(path)
         built = demo_cache_dir(name)
         if not (built / "config.json").is_file():
             raise ValueError(
-                f"model.path: {path} is not built yet (no checkpoint in {built}); `rltool train` "
+                f"{key}: {path} is not built yet (no checkpoint in {built}); `rltool train` "
                 "builds it on first use, or run `python -m rltool.demo.model`"
             )
         return built
     local = Path(path).expanduser()
-    if not local.is_dir():
+    if not local.is_dir() and looks_like_hub_id(path):
+        local = resolve_hub_model(path, key)
+    elif not local.is_dir():
         raise ValueError(
-            f"model.path: {path!r} is not a local directory; give a Hugging Face checkpoint "
-            f"directory (config.json, weights, tokenizer files) or builtin:tiny-gsm8k"
+            f"{key}: {path!r} is not a local directory; give a Hugging Face checkpoint "
+            f"directory (config.json, weights, tokenizer files), a hub id such as "
+            f"Qwen/Qwen2.5-0.5B-Instruct, or builtin:tiny-gsm8k"
         )
     if not (local / "config.json").is_file():
-        raise ValueError(
-            f"model.path: {local} has no config.json; is it a Hugging Face checkpoint?"
-        )
+        raise ValueError(f"{key}: {local} has no config.json; is it a Hugging Face checkpoint?")
     return local
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """``org/name`` (no leading ``/``, ``.`` or ``~``, exactly one slash)."""
+    return _HUB_ID.fullmatch(path) is not None and ".." not in path
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache, read from the environment at call time: ``HF_HUB_CACHE``, else
+    ``HF_HOME/hub``, else huggingface_hub's default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to a true value."""
+    on = {"1", "true", "yes", "on"}
+    return any(
+        os.environ.get(k, "").strip().lower() in on
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def resolve_hub_model(repo_id: str, key: str = "model.path") -> Path:
+    """The snapshot directory of hub model ``repo_id``: from the cache when it is there,
+    else downloaded unless ``HF_HUB_OFFLINE`` is set; a ValueError saying how to provide
+    it when it is neither cached nor reachable."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache = hub_cache_dir()
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass  # not cached: download it below unless offline
+    how = (
+        f"download it on a machine with network (`hf download {repo_id}`, or "
+        f"`huggingface-cli download` with an older huggingface_hub, "
+        f"with HF_HUB_CACHE or HF_HOME pointing at the cache used here) or give a local "
+        f"checkpoint directory"
+    )
+    if hub_offline():
+        raise ValueError(
+            f"{key}: {repo_id!r} is not a local directory and not in the Hugging Face cache "
+            f"{cache} (HF_HUB_OFFLINE is set, so it is not downloaded); {how}"
+        )
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, ignore_patterns=_SKIPPED_HUB_FILES))
+    except (HfHubHTTPError, OSError) as exc:  # unreachable, unknown repo, gated, disk
+        raise ValueError(
+            f"{key}: {repo_id!r} is not a local directory, not in the Hugging Face cache "
+            f"{cache}, and could not be downloaded ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); {how}"
+        ) from exc
+
+
+# weight formats and copies that transformers does not load
+_SKIPPED_HUB_FILES = ["*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*"]
 
 
 def load_model_and_tokenizer(

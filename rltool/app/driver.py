@@ -23,6 +23,7 @@ from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
 from rltool.app.run import Run, build_run, evaluate, resume, trainer_state
 from rltool.app.signals import StopRequest
+from rltool.app.trackers import open_trackers
 from rltool.app.view import RunView, SilentView
 from rltool.config.loader import (
     RUN_CONFIG,
@@ -86,7 +87,7 @@ def _train(
     else:
         (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
     dump = dump_rollouts or recipe.logging.dump_rollouts
-    writer = MetricsWriter(run_dir, tensorboard=recipe.logging.tensorboard)
+    writer = MetricsWriter(run_dir, open_trackers(run_dir, recipe))
     try:
         return _loop(run, run_dir, writer, view, dump, evals)
     finally:

@@ -1,4 +1,5 @@
-"""Metrics sinks: ``metrics.jsonl`` always, TensorBoard when enabled.
+"""Metrics sinks: ``metrics.jsonl`` always, and each line fanned out to the run's
+experiment trackers (``rltool.app.trackers``).
 
 A resumed run first cuts ``metrics.jsonl`` back to the lines written before its
 checkpoint was saved (the checkpoint records how many), so after a hard kill and a
@@ -10,8 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rltool.app.trackers import Tracker
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -30,34 +34,24 @@ def trim_metrics(run_dir: Path, keep_lines: int) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: Path, trackers: Sequence[Tracker] = ()) -> None:
         self.path = run_dir / METRICS_FILE
         self.lines = 0  # lines in the file, what a checkpoint records
         if self.path.is_file():
             self.lines = len(self.path.read_text(encoding="utf-8").splitlines())
         self._file = self.path.open("a", encoding="utf-8")
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:  # tensorboard is an optional extra
-                raise ValueError(
-                    "logging.tensorboard=true needs the tensorboard package: "
-                    "pip install tensorboard"
-                ) from exc
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.trackers = list(trackers)
 
     def write(self, step: int, metrics: dict[str, float], **fields: Any) -> None:
         clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
         self._file.write(json.dumps({"step": step, **fields, **clean}) + "\n")
         self._file.flush()
         self.lines += 1
-        if self._tb is not None:
-            for key, value in clean.items():
-                if value is not None:
-                    self._tb.add_scalar(key, value, step)
+        finite = {k: v for k, v in clean.items() if v is not None}
+        for tracker in self.trackers:
+            tracker.log(step, finite)
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()

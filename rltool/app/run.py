@@ -22,6 +22,7 @@ from rltool.app.checkpoint import (
     open_checkpoint,
     restore_rng,
 )
+from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import ensure_builtin_models
@@ -105,6 +106,7 @@ def check_recipe(recipe: RecipeConfig) -> None:
     GROUP_FILTERS.get(recipe.produce.group_filter)
     check_engine_name(recipe.rollout.engine)
     check_preflight(task_specs(recipe))  # loops' programs and packages, data files and fields
+    check_trackers(recipe.logging)  # logging.trackers: known, their packages installed
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:

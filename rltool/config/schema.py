@@ -175,7 +175,10 @@ class TrainerConfig:
 class LoggingConfig:
     run_dir: str = "runs"
     name: str = "run"
-    tensorboard: bool = False
+    # experiment trackers each metrics line also goes to: tensorboard, wandb (optional extras)
+    trackers: list[str] = field(default_factory=list)
+    tensorboard: bool = False  # alias of listing tensorboard in trackers
+    project: str = "rltool"  # the tracker's project (W&B), runs named by ``name``
     dump_rollouts: bool = False
 
 

@@ -35,3 +35,28 @@ def test_trim_keeps_the_lines_written_before_the_save(tmp_path):
 def test_trim_of_a_run_without_metrics_is_empty(tmp_path):
     assert trim_metrics(tmp_path, 5) == []
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.closed = False
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.logged.append((step, metrics))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_each_line_fans_out_to_the_trackers_without_non_finite_values(tmp_path):
+    a, b = RecordingTracker(), RecordingTracker()
+    writer = MetricsWriter(tmp_path, [a, b])
+    writer.write(0, {"eval/accuracy": 0.25}, kind="eval")
+    writer.write(1, {"actor/pg_loss": 0.5, "actor/kl": float("nan")}, kind="train")
+    writer.close()
+    expected = [(0, {"eval/accuracy": 0.25}), (1, {"actor/pg_loss": 0.5})]
+    assert a.logged == expected and b.logged == expected
+    assert a.closed and b.closed
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last == {"step": 1, "kind": "train", "actor/pg_loss": 0.5, "actor/kl": None}
