@@ -150,13 +150,14 @@ _SKIPPED_HUB_FILES = ["*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot", "*.tflite
 
 
 def load_model_and_tokenizer(
-    cfg: ModelConfig,
+    cfg: ModelConfig, key: str = "model.path"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.device]:
-    """Model (on its device, train mode), tokenizer and device for ``cfg``."""
+    """Model (on its device, train mode), tokenizer and device for ``cfg``; ``key`` names
+    the recipe key of ``cfg.path`` in errors."""
     if cfg.dtype not in _DTYPES:
         raise ValueError(f"model.dtype: {cfg.dtype!r} is not one of {', '.join(_DTYPES)}")
     device = resolve_device(cfg.device)
-    path = resolve_model_path(cfg.path)
+    path = resolve_model_path(cfg.path, key)
     model = AutoModelForCausalLM.from_pretrained(
         path,
         local_files_only=True,

@@ -86,7 +86,7 @@ class TeacherScorer:
             raise ValueError("distill.teacher_path is not set; name the teacher checkpoint")
         if model is None:
             mcfg = ModelConfig(path=cfg.teacher_path, device=str(device or "auto"))
-            model, tokenizer, _ = load_model_and_tokenizer(mcfg)
+            model, tokenizer, _ = load_model_and_tokenizer(mcfg, key="distill.teacher_path")
         if student_tokenizer is not None and tokenizer is not None:
             check_same_tokenizer(tokenizer, str(cfg.teacher_path), student_tokenizer, student_path)
         self.cfg, self.tokenizer, self.max_tokens = cfg, tokenizer, max_tokens
