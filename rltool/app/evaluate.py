@@ -173,7 +173,7 @@ def load_weights(
         try:
             found = open_checkpoint(run_dir, load)
         except NoCheckpointError as exc:
-            found_none = str(exc).split("; start a new run")[0]
+            found_none = str(exc).split("; start a new run")[0].replace(" to resume from", "")
             raise NoCheckpointError(
                 f"{found_none}; nothing to evaluate: train the run, or give --checkpoint DIR"
             ) from exc
