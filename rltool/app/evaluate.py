@@ -16,6 +16,7 @@ from typing import Any
 
 from rltool.app.checkpoint import NoCheckpointError, open_checkpoint, verify_checkpoint
 from rltool.app.run import Run, build_run
+from rltool.config.loader import RUN_CONFIG, load_recipe, resume_recipe
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.produce.backend import GroupOutcome, GroupRequest
 from rltool.rollout.failures import failure_reason
@@ -203,6 +204,19 @@ def generate(
         for o in backend.collect(min_groups=backend.in_flight):
             outcomes[o.request.group_id] = o
     return [prompt_result(outcomes[r.group_id]) for r in requests]
+
+
+def eval_recipe(source: Path, overrides: Sequence[str]) -> tuple[RecipeConfig, Path | None]:
+    """The recipe and run directory of ``rltool eval SOURCE``: a run directory's own
+    ``config.yaml`` (as ``train --resume`` reads it), or a recipe YAML (no run)."""
+    if not source.is_dir():
+        return load_recipe(source, overrides), None
+    if not (source / RUN_CONFIG).is_file():
+        raise ValueError(
+            f"{source}: a directory without {RUN_CONFIG}; give a recipe YAML or the directory "
+            "of a run that rltool train made (runs/<name>)"
+        )
+    return resume_recipe(source, overrides), source
 
 
 def evaluate_checkpoint(

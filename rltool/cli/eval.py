@@ -45,8 +45,7 @@ def eval_command(
     evaluates its newest complete checkpoint, a recipe its model.path. Exit 2: bad
     arguments, recipe or eval data; 3: no complete checkpoint; 1: the evaluation failed."""
     from rltool.app.checkpoint import NoCheckpointError
-    from rltool.app.evaluate import NoEvalDataError, check_ks, evaluate_checkpoint
-    from rltool.config.loader import load_recipe, resume_recipe
+    from rltool.app.evaluate import NoEvalDataError, check_ks, eval_recipe, evaluate_checkpoint
     from rltool.report.eval_view import render, render_json
 
     err = make_console(stderr=True)
@@ -55,13 +54,9 @@ def eval_command(
         err.print(Text.assemble(("error:", "error"), f" {exc}"))
         return typer.Exit(code)
 
-    run_dir = source if source.is_dir() else None
     try:
         check_ks(n, ks or [])
-        if run_dir is not None:
-            recipe = resume_recipe(run_dir, overrides or [])
-        else:
-            recipe = load_recipe(source, overrides or [])
+        recipe, run_dir = eval_recipe(source, overrides or [])
     except (ValueError, FileNotFoundError) as exc:
         raise fail(exc, EXIT_USAGE) from exc
     try:
