@@ -197,3 +197,34 @@ def test_task_figures_average_over_prompts_and_trajectories():
     assert figs.mean_response_len == pytest.approx(20 / 3)
     assert figs.truncated_frac == pytest.approx(1 / 3)
     assert (figs.failed, figs.failures) == (2, {"reward: x": 2})
+
+
+def test_several_tasks_have_a_row_each_and_a_prompt_weighted_overall(tiny_checkpoint):
+    recipe = load_recipe(
+        GSM8K_TINY.with_name("gsm8k_tiny_multitask.yaml"),
+        [f"model.path={tiny_checkpoint}", "rollout.engine=test-cycling", "data.eval_limit=2"],
+    )
+    report = evaluate_checkpoint(recipe, source="m.yaml", n=4)
+    assert [t.task for t in report.tasks] == ["add", "sub", "mul"]
+    assert [t.prompts for t in report.tasks] == [2, 2, 2]
+    assert (report.overall.prompts, report.overall.samples) == (6, 24)
+    for k in (1, 4):  # equal prompts per task: the overall is the mean of the tasks
+        mean = sum(t.pass_at[k] for t in report.tasks) / 3
+        assert report.overall.pass_at[k] == pytest.approx(mean)
+
+
+def test_a_session_loop_is_evaluated_by_session(tiny_checkpoint):
+    """The localhost loop (calculator agent): one trajectory per session, n per prompt."""
+    recipe = load_recipe(
+        GSM8K_TINY.with_name("localhost_calculator.yaml"),
+        [
+            f"model.path={tiny_checkpoint}",
+            "data.eval_limit=1",
+            "rollout.sampling.max_new_tokens=4",
+        ],
+    )
+    report = evaluate_checkpoint(recipe, source="l.yaml", n=2)
+    (figs,) = report.tasks
+    assert (figs.task, figs.prompts, figs.samples) == ("calculator", 1, 2)
+    assert figs.pass_at[1] <= figs.pass_at[2]
+    assert figs.mean_response_len > 0
