@@ -83,3 +83,17 @@ def test_a_recipe_without_eval_data_is_exit_2(tiny_checkpoint, tmp_path):
     result = _run(args)
     assert result.exit_code == 2
     assert "no eval data" in _text(result)
+
+
+def test_checkpoint_option_names_the_weights(run_dir, tiny_checkpoint, tmp_path):
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    args = ["eval", str(GSM8K_TINY), f"model.path={tiny_checkpoint}", "data.eval_limit=2"]
+    result = _run([*args, "--checkpoint", str(ckpt), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["weights"], out["step"], out["ks"]) == (str(ckpt), 1, [1])
+    assert out["sampling"]["temperature"] == 0.0  # n = 1: the greedy eval sampling
+    (tmp_path / "step_000009").mkdir()  # a save that did not finish
+    result = _run([*args, "--checkpoint", str(tmp_path / "step_000009")])
+    assert result.exit_code == 3
+    assert "step_000009: no manifest.json" in _text(result)
