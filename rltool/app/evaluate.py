@@ -1,0 +1,267 @@
+"""``rltool eval``: a checkpoint's pass@1 and unbiased pass@k on a recipe's eval data.
+
+Every task's eval rows go through its agent loop (``generate_groups`` with group size n,
+so each sample is built and rewarded as in training) on the rollout backend that
+``build_run`` makes; the checkpoint's weights are loaded into the model and the backend
+first. Design: docs/app.md#evaluating-a-checkpoint
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rltool.app.checkpoint import NoCheckpointError, open_checkpoint, verify_checkpoint
+from rltool.app.run import Run, build_run
+from rltool.config.loader import RUN_CONFIG, load_recipe, resume_recipe
+from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.produce.backend import GroupOutcome, GroupRequest
+from rltool.rollout.failures import failure_reason
+from rltool.rollout.pass_at_k import mean_pass_at_k
+from rltool.rollout.state import RolloutState, Status
+
+SOLVED_SCORE = 1.0  # a trajectory whose reward has no "correct" is correct at this score
+
+
+class NoEvalDataError(ValueError):
+    """A task's eval files hold no records."""
+
+
+@dataclass(slots=True)
+class PromptResult:
+    """One prompt's n samples, reduced: what pass@k and the figures need."""
+
+    samples: int  # trajectories that came back, or n when the group did not
+    correct: int
+    lengths: list[int]  # response tokens of each trajectory that came back
+    truncated: int  # trajectories that stopped at max_new_tokens
+    failures: list[str]  # the short reason of each failed trajectory
+
+
+@dataclass(slots=True)
+class TaskFigures:
+    task: str
+    prompts: int
+    samples: int
+    pass_at: dict[int, float]  # k -> mean unbiased pass@k
+    mean_response_len: float
+    truncated_frac: float
+    failed: int
+    failures: dict[str, int]  # reason -> failed samples, most frequent first
+
+
+@dataclass(slots=True)
+class EvalReport:
+    source: str  # the recipe or run directory given
+    weights: str  # the checkpoint directory, or the recipe's model.path
+    step: int | None  # train step of the checkpoint; None for model.path
+    n: int
+    ks: list[int]
+    sampling: dict[str, Any]  # the SamplingConfig the samples were drawn with
+    tasks: list[TaskFigures]
+    overall: TaskFigures
+    skipped: list[str] = field(default_factory=list)  # newer damaged checkpoints
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for figs in [out["overall"], *out["tasks"]]:
+            figs["pass_at"] = {f"pass@{k}": v for k, v in figs["pass_at"].items()}
+        return out
+
+
+def check_ks(n: int, ks: Sequence[int]) -> list[int]:
+    """The k's to report: 1 and each k asked for (default: n), sorted; ValueError for
+    n < 1 or a k outside 1..n."""
+    if n < 1:
+        raise ValueError(f"--n must be >= 1 sample per prompt, got {n}")
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(
+            f"--k {bad[0]}: pass@k needs 1 <= k <= n = {n} samples per prompt; "
+            f"give --n {max(bad)} or more, or a smaller --k"
+        )
+    return sorted({1, *(ks or [n])})
+
+
+def eval_sampling(recipe: RecipeConfig, n: int) -> SamplingConfig:
+    """n = 1: ``rollout.eval_sampling`` (greedy by default), the held-out evaluation of a
+    run; n > 1: ``rollout.sampling``, so the n samples of a prompt differ."""
+    return recipe.rollout.eval_sampling if n == 1 else recipe.rollout.sampling
+
+
+def is_correct(state: RolloutState) -> bool:
+    """The loop's ``reward["correct"]`` where it sets one, else score >= 1.0."""
+    if state.status != Status.COMPLETED or state.reward is None:
+        return False
+    if state.reward.get("correct") is not None:
+        return bool(state.reward["correct"])
+    score = state.reward.get("score")
+    return score is not None and score >= SOLVED_SCORE
+
+
+def trajectories(group: Sequence[RolloutState]) -> list[list[RolloutState]]:
+    """A group's samples as trajectories: the segments of one session together."""
+    by_id: dict[str, list[RolloutState]] = {}
+    for s in group:
+        by_id.setdefault(str(s.session_id or s.rollout_id), []).append(s)
+    return list(by_id.values())
+
+
+def prompt_result(outcome: GroupOutcome) -> PromptResult:
+    """One group reduced; a group that never came back is n failed samples."""
+    n = outcome.request.n
+    if outcome.group is None:
+        return PromptResult(n, 0, [], 0, [failure_reason(outcome.error)] * n)
+    trajs = trajectories(outcome.group)
+    failures = []
+    correct = truncated = 0
+    lengths = []
+    for segs in trajs:
+        failed = next((s for s in segs if s.status == Status.FAILED), None)
+        if failed is not None:
+            failures.append(failure_reason(failed.error))
+        elif is_correct(segs[0]):
+            correct += 1
+        lengths.append(sum(len(s.response_ids) for s in segs if s.response_ids is not None))
+        truncated += any(s.finish_reason == "length" for s in segs)
+    return PromptResult(len(trajs), correct, lengths, truncated, failures)
+
+
+def task_figures(task: str, results: Sequence[PromptResult], ks: Sequence[int]) -> TaskFigures:
+    """pass@k averaged over prompts (k capped per prompt at the samples it has), mean
+    length and truncation over the trajectories that came back, failures by reason."""
+    lengths = [x for r in results for x in r.lengths]
+    reasons = Counter(x for r in results for x in r.failures)
+    return TaskFigures(
+        task=task,
+        prompts=len(results),
+        samples=sum(r.samples for r in results),
+        pass_at={k: _pass_at(results, k) for k in ks},
+        mean_response_len=sum(lengths) / len(lengths) if lengths else 0.0,
+        truncated_frac=sum(r.truncated for r in results) / len(lengths) if lengths else 0.0,
+        failed=sum(reasons.values()),
+        failures=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+    )
+
+
+def _pass_at(results: Sequence[PromptResult], k: int) -> float:
+    """Mean pass@k; a prompt whose loop returned fewer than k trajectories counts at
+    pass@(its samples)."""
+    return mean_pass_at_k([(r.samples, r.correct) for r in results if r.samples], k, cap=True)
+
+
+def load_weights(
+    run: Run, run_dir: Path | None, checkpoint: Path | None
+) -> tuple[str, int | None, list[str]]:
+    """Load the checkpoint into the model and the rollout backend: ``checkpoint`` when given,
+    else the run's newest complete one, else (a recipe) keep ``model.path``.
+    Returns (weights shown, step, skipped newer checkpoints)."""
+    from safetensors.torch import load_model
+
+    def load(ckpt: Path) -> None:  # strict: every weight restored
+        load_model(run.model, str(ckpt / "model.safetensors"))
+
+    if checkpoint is not None:
+        reason = verify_checkpoint(checkpoint)
+        if reason is not None:
+            raise NoCheckpointError(f"--checkpoint {checkpoint}: {reason}")
+        load(checkpoint)
+        found_path, step, skipped = checkpoint, _step_of(checkpoint), []
+    elif run_dir is not None:
+        try:
+            found = open_checkpoint(run_dir, load)
+        except NoCheckpointError as exc:
+            found_none = str(exc).split("; start a new run")[0].replace(" to resume from", "")
+            raise NoCheckpointError(
+                f"{found_none}; nothing to evaluate: train the run, or give --checkpoint DIR"
+            ) from exc
+        found_path, step, skipped = found.path, found.state.step, found.skipped
+    else:
+        return run.recipe.model.path, None, []
+    run.producer.update_weights(run.model, step or 0, force=True)
+    return str(found_path), step, skipped
+
+
+def _step_of(ckpt: Path) -> int | None:
+    name = ckpt.name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def generate(
+    run: Run, task: str, rows: Sequence[dict], n: int, sampling: SamplingConfig
+) -> list[PromptResult]:
+    """Every row as one group of n samples through the task's loop, in row order."""
+    backend = run.producer.backend
+    requests = [
+        GroupRequest(task, row, f"eval-{task}-{i}", n, sampling) for i, row in enumerate(rows)
+    ]
+    backend.submit(requests)
+    outcomes: dict[str, GroupOutcome] = {}
+    while backend.in_flight:
+        for o in backend.collect(min_groups=backend.in_flight):
+            outcomes[o.request.group_id] = o
+    return [prompt_result(outcomes[r.group_id]) for r in requests]
+
+
+def eval_recipe(source: Path, overrides: Sequence[str]) -> tuple[RecipeConfig, Path | None]:
+    """The recipe and run directory of ``rltool eval SOURCE``: a run directory's own
+    ``config.yaml`` (as ``train --resume`` reads it), or a recipe YAML (no run)."""
+    if not source.is_dir():
+        return load_recipe(source, overrides), None
+    if not (source / RUN_CONFIG).is_file():
+        raise ValueError(
+            f"{source}: a directory without {RUN_CONFIG}; give a recipe YAML or the directory "
+            "of a run that rltool train made (runs/<name>)"
+        )
+    return resume_recipe(source, overrides), source
+
+
+def evaluate_checkpoint(
+    recipe: RecipeConfig,
+    *,
+    source: str,
+    run_dir: Path | None = None,
+    checkpoint: Path | None = None,
+    n: int = 1,
+    ks: Sequence[int] = (),
+) -> EvalReport:
+    """Pass@k and figures of the checkpoint on every task's eval rows. ValueErrors: a k
+    outside 1..n, a task without eval rows, no complete checkpoint (NoCheckpointError)."""
+    ks = check_ks(n, ks)
+    if checkpoint is not None and not checkpoint.is_dir():
+        raise NoCheckpointError(f"--checkpoint {checkpoint}: no such directory")
+    if run_dir is not None and checkpoint is None and not (run_dir / "checkpoints").is_dir():
+        raise NoCheckpointError(
+            f"{run_dir}/checkpoints is missing: the run saved no checkpoint; train it, "
+            "or give --checkpoint DIR"
+        )
+    sampling = eval_sampling(recipe, n)
+    run = build_run(recipe, with_trainer=False)
+    try:
+        empty = [name for name, rows in run.eval_rows.items() if not rows]
+        if empty:
+            spec = next(s for s in run.specs if s.name == empty[0])
+            raise NoEvalDataError(
+                f"task {empty[0]!r}: no eval data (eval files {spec.eval_files} hold no "
+                "records); give data.eval_files=[...] (or tasks[i].eval_files)"
+            )
+        weights, step, skipped = load_weights(run, run_dir, checkpoint)
+        per_task = {
+            s.name: generate(run, s.name, run.eval_rows[s.name], n, sampling) for s in run.specs
+        }
+    finally:
+        run.close()
+    return EvalReport(
+        source=source,
+        weights=weights,
+        step=step,
+        n=n,
+        ks=ks,
+        sampling=asdict(sampling),
+        tasks=[task_figures(name, results, ks) for name, results in per_task.items()],
+        overall=task_figures("overall", [r for rs in per_task.values() for r in rs], ks),
+        skipped=skipped,
+    )
