@@ -1,18 +1,21 @@
-"""A rollout engine that answers every prompt at once with the same text: a fast stand-in
-for tests that exercise what surrounds generation."""
+"""A rollout engine that answers from a fixed list of texts: a fast stand-in for tests that
+exercise what surrounds generation."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from rltool.engines.base import Generation, RolloutEngine
 
 
 class FixedReplyEngine(RolloutEngine):
-    """Answers every prompt with ``text`` + EOS (logprob -0.5 a token, model step 0);
-    counts its calls and the prompts it answered."""
+    """Answers the i-th prompt of a call with ``texts[i % len(texts)]`` + EOS (logprob -0.5 a
+    token, model step 0); one text answers every prompt alike. Counts calls and prompts."""
 
-    def __init__(self, tokenizer, text: str = "ok") -> None:
-        self.ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
-        self.text = text
+    def __init__(self, tokenizer, texts: str | Sequence[str] = "ok") -> None:
+        self.texts = [texts] if isinstance(texts, str) else list(texts)
+        eos = tokenizer.eos_token_id
+        self.ids = [[*tokenizer.encode(t, add_special_tokens=False), eos] for t in self.texts]
         self.calls = 0  # generate calls
         self.prompts = 0  # prompts answered
 
@@ -29,5 +32,9 @@ class FixedReplyEngine(RolloutEngine):
     def generate(self, prompts, sampling):
         self.calls += 1
         self.prompts += len(prompts)
-        n = len(self.ids)
-        return [Generation(list(self.ids), [-0.5] * n, [0] * n, "stop", self.text) for _ in prompts]
+        out = []
+        for i in range(len(prompts)):
+            k = i % len(self.ids)
+            n = len(self.ids[k])
+            out.append(Generation(list(self.ids[k]), [-0.5] * n, [0] * n, "stop", self.texts[k]))
+        return out

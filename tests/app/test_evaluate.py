@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_engines import FixedReplyEngine
 from safetensors.torch import load_file
 from short_runs import GSM8K_TINY, short_gsm8k_args
 from typer.testing import CliRunner
@@ -26,43 +27,17 @@ from rltool.app.evaluate import (
 from rltool.app.run import build_run
 from rltool.cli.app import app
 from rltool.config.loader import load_recipe
-from rltool.engines.base import Generation, RolloutEngine
+from rltool.engines.base import RolloutEngine
 from rltool.engines.registry import ENGINES
 from rltool.produce.backend import GroupOutcome, GroupRequest
 from rltool.rollout.state import RolloutState, Status
 
-REPLIES = ["#### 3", "#### 0", "#### 0", "#### 0"]  # sample i of every prompt: REPLIES[i % 4]
-
-
-class CyclingEngine(RolloutEngine):
-    """Answers the i-th prompt of a call with REPLIES[i % 4] + EOS."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-
-    @property
-    def model_step(self) -> int:
-        return 0
-
-    def sync_weights(self, model_step: int) -> None:
-        pass
-
-    def load_weights(self, state_dict, model_step: int) -> None:
-        pass
-
-    def generate(self, prompts, sampling):
-        out = []
-        for i in range(len(prompts)):
-            text = REPLIES[i % len(REPLIES)]
-            ids = [*self.tokenizer.encode(text, add_special_tokens=False)]
-            ids.append(self.tokenizer.eos_token_id)
-            out.append(Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop", text))
-        return out
+REPLIES = ["#### 3", "#### 0", "#### 0", "#### 0"]
 
 
 @ENGINES.register("test-cycling")
 def _cycling(rollout, model_cfg, model, tokenizer) -> RolloutEngine:
-    return CyclingEngine(tokenizer)
+    return FixedReplyEngine(tokenizer, REPLIES)  # sample i of every prompt: REPLIES[i % 4]
 
 
 def _data(tmp_path: Path, answers: list[int]) -> Path:
