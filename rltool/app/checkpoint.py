@@ -94,16 +94,25 @@ def _write_manifest(ckpt: Path) -> None:
 
 
 def save_checkpoint(
-    ckpt_root: Path, model: Any, tokenizer: Any, state: TrainerState, keep_last: int = 2
+    ckpt_root: Path,
+    model: Any,
+    tokenizer: Any,
+    state: TrainerState,
+    keep_last: int = 2,
+    write_model: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a complete checkpoint atomically; returns its directory."""
+    """Write a complete checkpoint atomically; returns its directory. ``write_model(tmp)``
+    replaces ``model.save_pretrained(tmp)`` (a sharded run: app/sharded_checkpoint.py)."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{state.step:06d}"
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
+    if write_model is None:
+        model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        write_model(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save(
         {

@@ -116,6 +116,8 @@ RANGES: dict[str, Range] = {
     "trainer.save_every": at_least(0),
     "trainer.time_budget_s": above(0, null=True),
     "trainer.max_failed_steps": at_least(1),
+    "distributed.nproc_per_node": at_least(1),
+    "distributed.nnodes": at_least(1),
 }
 
 

@@ -183,6 +183,18 @@ class LoggingConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Data parallelism with FSDP2: docs/distributed.md."""
+
+    nproc_per_node: int = 1  # > 1: `rltool train` relaunches itself through torch.distributed.run
+    nnodes: int = 1  # > 1: start `torchrun --nnodes N ...` on every node yourself
+    strategy: str = "full_shard"  # full_shard (ZeRO-3) | shard_grad_op (ZeRO-2: no re-shard)
+    mixed_precision: str = "none"  # none | bf16 (CUDA only: bf16 compute, fp32 reduction)
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward
+    cpu_offload: bool = False  # parameters, gradients and optimizer state on the CPU
+
+
+@dataclass
 class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -196,3 +208,4 @@ class RecipeConfig:
     # multi-task: when non-empty, replaces agent_loop + data.train_files/eval_files
     tasks: list[TaskConfig] = field(default_factory=list)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)

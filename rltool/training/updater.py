@@ -45,6 +45,7 @@ from rltool.training.losses import (
     ppo_policy_loss,
     tis_weights,
 )
+from rltool.training.sharding import Shard, full_tensor, rank_slots, reduce_sums
 
 
 def split_mini_batches(sizes: list[int], n: int) -> list[list[int]]:
@@ -85,10 +86,12 @@ class PolicyUpdater:
         temperature: float = 1.0,
         norm_len: int | None = None,
         distill: DistillConfig | None = None,
+        shard: Shard | None = None,
     ) -> None:
         """``norm_len``: the constant of ``seq-mean-token-sum-norm`` (max response tokens).
         ``distill``: its ``coef`` weighs the distillation loss of packs that carry teacher
-        targets (default 1.0)."""
+        targets (default 1.0). ``shard``: the data-parallel group of an FSDP2 ``model``;
+        every rank calls ``step`` with the same packs and trains its token-balanced share."""
         LOSS_AGGREGATIONS.get(algo.loss_agg)  # an unknown name fails here, listing the known
         if algo.loss_agg == "seq-mean-token-sum-norm" and not norm_len:
             raise ValueError(
@@ -110,6 +113,7 @@ class PolicyUpdater:
         self.algo, self.ref_model = algo, ref_model
         self.grad_clip = grad_clip if grad_clip and grad_clip > 0 else math.inf
         self.temperature, self.norm_len = temperature, norm_len
+        self.shard = shard
 
     def step(self, packs: list[Pack]) -> dict[str, float]:
         """One train step over every pack; returns ``actor/*`` metrics."""
@@ -123,34 +127,54 @@ class PolicyUpdater:
         with _dropout_off(self.model, self.ref_model):
             return self._step(packs)
 
-    def _logprobs_no_grad(self, model: torch.nn.Module, packs: list[Pack]) -> list[torch.Tensor]:
+    def _logprobs_no_grad(
+        self, model: torch.nn.Module, packs: list[Pack], rows: list[int]
+    ) -> dict[int, torch.Tensor]:
         with torch.no_grad():
-            return [forward_logprobs(model, p, self.temperature, False)[0] for p in packs]
+            return {i: forward_logprobs(model, packs[i], self.temperature, False)[0] for i in rows}
+
+    def _slots(self, group: list[int], counts: list[tuple[int, int]]) -> list[tuple[int, bool]]:
+        """(row, live) this process trains of a mini-batch: all of it alone; under a shard,
+        its token-balanced share padded to the same count as every other rank's."""
+        if self.shard is None:
+            return [(i, True) for i in group]
+        buckets = split_mini_batches([counts[i][0] for i in group], self.shard.world_size)
+        return [(group[i], live) for i, live in rank_slots(buckets, self.shard)]
 
     def _step(self, packs: list[Pack]) -> dict[str, float]:
-        algo, device = self.algo, model_device(self.model)
+        algo = self.algo
+        device = self.shard.device if self.shard is not None else model_device(self.model)
         masks = [(p.targets != IGNORE_INDEX).to(device) for p in packs]  # [N] each
         counts = [count_tokens_and_seqs(p.targets != IGNORE_INDEX, p.cu_seq_lens) for p in packs]
         groups = split_mini_batches([c[0] for c in counts], algo.mini_batches)
+        slots = [self._slots(group, counts) for group in groups]
+        rows = [i for group_slots in slots for i, _ in group_slots]  # forwards, in order
+        # the loss is normalised over the whole step; FSDP averages gradients over ranks
+        scale = 1.0 if self.shard is None else float(self.shard.world_size)
         on_policy = algo.ppo_epochs * len(groups) == 1
-        old = None if on_policy else self._logprobs_no_grad(self.model, packs)
-        ref = self._logprobs_no_grad(self.ref_model, packs) if algo.kl_coef > 0 else None
+        old = None if on_policy else self._logprobs_no_grad(self.model, packs, rows)
+        ref = self._logprobs_no_grad(self.ref_model, packs, rows) if algo.kl_coef > 0 else None
         lr = float(self.optimizer.param_groups[0]["lr"])
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=device))
         grad_norms: list[float] = []
         for _ in range(algo.ppo_epochs):
-            for group in groups:
+            for group, group_slots in zip(groups, slots, strict=True):
                 num_tokens = sum(counts[i][0] for i in group)
                 num_seqs = sum(counts[i][1] for i in group)
-                for i in group:
+                for i, live in group_slots:
                     old_i = old[i] if old is not None else None
                     ref_i = ref[i] if ref is not None else None
+                    # a padding slot (live False) has no active token: zero loss and gradient
+                    mask = masks[i] if live else torch.zeros_like(masks[i])
+                    into = sums if live else defaultdict(lambda: torch.zeros((), device=device))
                     loss = self._micro_loss(
-                        packs[i], masks[i], old_i, ref_i, num_tokens, num_seqs, sums
+                        packs[i], mask, old_i, ref_i, num_tokens, num_seqs, into
                     )
-                    loss.backward()
+                    (loss * scale if scale != 1.0 else loss).backward()
                 grad_norms.append(self._optimizer_step())
         self.scheduler.step()
+        if self.shard is not None:
+            sums = reduce_sums(sums, self.shard)
         return self._metrics(sums, grad_norms, lr, algo.ppo_epochs * len(groups))
 
     def _micro_loss(
@@ -214,7 +238,7 @@ class PolicyUpdater:
     def _optimizer_step(self) -> float:
         """Clip, step, zero; a non-finite gradient skips the step (reported as nan norm)."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, self.grad_clip)))
         if math.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
