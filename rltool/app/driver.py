@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rltool.agent_loops.evaluation import EvaluationFailed
-from rltool.app.checkpoint import save_checkpoint
 from rltool.app.failed_steps import (
     all_failed,
     failed_streak,
@@ -21,7 +20,16 @@ from rltool.app.failed_steps import (
 )
 from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
-from rltool.app.run import Run, build_run, evaluate, resume, trainer_state
+from rltool.app.run import (
+    Run,
+    build_run,
+    evaluate,
+    resume,
+    save,
+    sync_weights,
+    tell,
+    trainer_state,
+)
 from rltool.app.signals import StopRequest
 from rltool.app.trackers import open_trackers
 from rltool.app.view import RunView, SilentView
@@ -165,11 +173,14 @@ def _step(
     # the step being taken is run.step + 1: tokens sampled from the current weights
     # (version run.step) have staleness 0, as the contract's section 6 says
     train_start = time.time()
+    tell(run, "fit", (groups, run.step + 1))  # the other ranks train their share of it
     result = run.controller.fit(groups, train_step=run.step + 1)
     overlap = run.producer.generation_overlap(train_start, time.time())
     run.step += 1
-    run.producer.update_weights(run.model, run.step)
+    sync_weights(run)
     metrics = {**produced.metrics(), **result.metrics}
+    if run.shard is not None:
+        metrics["dist/world_size"] = float(run.shard.world_size)
     metrics |= {"time/generate": t_gen, "time/overlap": overlap}
     metrics["time/step"] = time.perf_counter() - t_step
     return metrics, result.batch.skipped_groups, produced.failed_groups
@@ -221,7 +232,7 @@ def _loop(
             # a step in which every sample failed changed nothing worth a checkpoint
             if cfg.save_every and run.step % cfg.save_every == 0 and not all_failed(metrics):
                 state = trainer_state(run, writer.lines)
-                saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+                saved = save(run, ckpt_root, state)
                 saved_at, unsaved_from = (run.step, writer.lines), len(run.history)
             if stop.requested:
                 stopped_by = stop.signal_name
@@ -239,7 +250,7 @@ def _loop(
     else:
         if saved_at != (run.step, writer.lines):  # not saved already with these very lines
             state = trainer_state(run, writer.lines)
-            saved = save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+            saved = save(run, ckpt_root, state)
         view.note(f"checkpoint saved: {saved}")
     outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
     outcome.failures = run_failures(run.history)

@@ -7,6 +7,7 @@ Design: docs/app.md#one-step-of-a-run
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,9 @@ from rltool.app.checkpoint import (
     capture_rng,
     open_checkpoint,
     restore_rng,
+    save_checkpoint,
 )
+from rltool.app.sharded_checkpoint import SHARDED, restore_updater, write_sharded
 from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
@@ -39,6 +42,16 @@ from rltool.rollout.state import RolloutState
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
 from rltool.training.optim import build_optimizer, build_scheduler
+from rltool.training.sharding import (
+    Shard,
+    announce,
+    check_distributed,
+    close_shard,
+    copy_full_weights,
+    init_shard,
+    ready,
+    shard_model,
+)
 from rltool.training.updater import PolicyUpdater
 
 BACKENDS = ("inprocess", "ray")
@@ -63,9 +76,22 @@ class Run:
     controller: TrainingController
     step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
+    # several processes (FSDP2): this leader's group, and the full copy generation runs on
+    shard: Shard | None = None
+    rollout_model: Any = None
 
     def close(self) -> None:
         self.producer.close()
+        if self.shard is not None:
+            tell(self, "stop")
+            close_shard(self.shard)
+
+
+def tell(run: Run, kind: str, arg: Any = None) -> None:
+    """The leader's message to the other ranks (app/distributed.py ``follow``): fit,
+    weights, save, load, stop; nothing when the run has one process."""
+    if run.shard is not None:
+        announce(run.shard, (kind, arg))
 
 
 def build_backend(recipe: RecipeConfig, model: Any, tokenizer: Any) -> RolloutBackend:
@@ -107,6 +133,7 @@ def check_recipe(recipe: RecipeConfig) -> None:
     check_engine_name(recipe.rollout.engine)
     check_preflight(task_specs(recipe))  # loops' programs and packages, data files and fields
     check_trackers(recipe.logging)  # logging.trackers: known, their packages installed
+    check_distributed(recipe.distributed)
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
@@ -114,30 +141,44 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     check_recipe(recipe)
     specs = task_specs(recipe)
     data = load_task_data(recipe)
+    shard = init_shard(recipe.distributed) if with_trainer else None
     ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
+    ready(shard)  # the other ranks load the model once it is built
     seed_everything(recipe.trainer.seed)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
+    rollout_model = None
+    if shard is not None:  # generation keeps a full copy; the trainer's is sharded
+        rollout_model = model.requires_grad_(False)
+        model = trainer_model(copy.deepcopy(model).requires_grad_(True), recipe, shard)
     sampler = TaskSampler(
         specs,
         {name: rows[0] for name, rows in data.items()},
         recipe.trainer.seed,
         recipe.data.shuffle,
     )
-    backend = build_backend(recipe, model, tokenizer)
+    backend = build_backend(recipe, rollout_model or model, tokenizer)
     producer = Producer(recipe, backend, sampler, scorer=build_scorer(recipe, tokenizer))
-    updater = _build_updater(recipe, model) if with_trainer else None
+    updater = build_updater(recipe, model, shard) if with_trainer else None
     controller = TrainingController(updater, ConversionConfig.from_recipe(recipe))
     eval_rows = {name: rows[1] for name, rows in data.items()}
-    return Run(recipe, model, tokenizer, specs, eval_rows, producer, controller)
+    run = Run(recipe, model, tokenizer, specs, eval_rows, producer, controller)
+    run.shard, run.rollout_model = shard, rollout_model
+    return run
 
 
-def _build_updater(recipe: RecipeConfig, model: Any) -> PolicyUpdater:
+def trainer_model(model: Any, recipe: RecipeConfig, shard: Shard | None) -> Any:
+    """The model as the trainer holds it: sharded with FSDP2 on several processes."""
+    return model if shard is None else shard_model(model, recipe.distributed)
+
+
+def build_updater(recipe: RecipeConfig, model: Any, shard: Shard | None = None) -> PolicyUpdater:
+    """The updater of ``model`` (already sharded when ``shard`` is set)."""
     optimizer = build_optimizer(model, recipe.optimizer, init_dir=_optimizer_init(recipe))
     scheduler = build_scheduler(optimizer, recipe.optimizer, total_steps=recipe.trainer.steps)
     ref_model = None
     if recipe.algorithm.kl_coef > 0:
         ref_model, _, _ = load_model_and_tokenizer(recipe.model)
-        ref_model.eval().requires_grad_(False)
+        ref_model = trainer_model(ref_model.eval().requires_grad_(False), recipe, shard)
     return PolicyUpdater(
         model,
         optimizer,
@@ -148,6 +189,7 @@ def _build_updater(recipe: RecipeConfig, model: Any) -> PolicyUpdater:
         temperature=recipe.rollout.sampling.temperature or 1.0,
         norm_len=recipe.rollout.sampling.max_new_tokens,  # Dr.GRPO's constant length
         distill=recipe.distill,  # coef of the distillation loss (packs with teacher targets)
+        shard=shard,
     )
 
 
@@ -180,7 +222,8 @@ def trainer_state(run: Run, metrics_lines: int) -> TrainerState:
     updater = run.controller.updater
     return TrainerState(
         step=run.step,
-        optimizer=updater.optimizer.state_dict(),
+        # several processes: the optimizer is saved in shards beside the model
+        optimizer=updater.optimizer.state_dict() if run.shard is None else SHARDED,
         scheduler=updater.scheduler.state_dict(),
         rng=capture_rng(),
         extra={"history": run.history, "metrics_lines": metrics_lines},
@@ -188,24 +231,49 @@ def trainer_state(run: Run, metrics_lines: int) -> TrainerState:
     )
 
 
+def sync_weights(run: Run, force: bool = False) -> None:
+    """The trained weights to the rollout workers; several processes gather them into the
+    leader's full copy one parameter at a time first."""
+    if run.shard is None:
+        run.producer.update_weights(run.model, run.step, force=force)
+        return
+    tell(run, "weights")
+    copy_full_weights(run.model, run.rollout_model)
+    run.producer.update_weights(run.rollout_model, run.step, force=force)
+
+
+def save(run: Run, ckpt_root: Path, state: TrainerState) -> Path:
+    """A checkpoint of ``run``: sharded (every rank writes its part) on several processes."""
+    if run.shard is None:
+        return save_checkpoint(ckpt_root, run.model, run.tokenizer, state)
+    optimizer = run.controller.updater.optimizer
+
+    def write(tmp: Path) -> None:
+        tell(run, "save", str(tmp))
+        write_sharded(tmp, run.model, optimizer, run.shard)
+
+    return save_checkpoint(ckpt_root, run.model, run.tokenizer, state, write_model=write)
+
+
 def resume(run: Run, run_dir: Path) -> Resumable:
-    """Load the newest complete, loadable checkpoint of ``run_dir`` into ``run``; newer
-    damaged ones are skipped and listed (``Resumable.skipped``)."""
-    from safetensors.torch import load_model
+    """Load the newest complete, loadable checkpoint of ``run_dir`` into ``run``, whichever
+    number of processes saved it; newer damaged ones are skipped (``Resumable.skipped``)."""
+    updater = run.controller.updater
 
     def load_weights(ckpt: Path) -> None:  # strict: every weight restored
-        load_model(run.model, str(ckpt / "model.safetensors"))
+        tell(run, "load", str(ckpt))
+        restore_updater(ckpt, run.model, updater.optimizer, updater.scheduler, run.shard)
 
-    found = open_checkpoint(run_dir, load_weights)
+    # several processes: the manifest chooses, then every rank loads that one
+    found = open_checkpoint(run_dir, load_weights if run.shard is None else None)
+    if run.shard is not None:
+        load_weights(found.path)
     state = found.state
-    updater = run.controller.updater
-    updater.optimizer.load_state_dict(state.optimizer)
-    updater.scheduler.load_state_dict(state.scheduler)
+    run.step = state.step
     # the rollout workers take the restored weights before any prompt is resubmitted
-    run.producer.update_weights(run.model, state.step, force=True)
+    sync_weights(run, force=True)
     run.producer.load_state_dict(state.producer)  # buffer, accounting, prompts in flight
     restore_rng(state.rng)
-    run.step = state.step
     run.history = list(state.extra.get("history", []))
     return found
 

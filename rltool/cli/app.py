@@ -21,3 +21,7 @@ app.command("eval")(eval.eval_command)
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":  # python -m rltool.cli.app: how torch.distributed.run starts ranks
+    main()

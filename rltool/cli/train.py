@@ -55,6 +55,10 @@ def train(
     if print_config:
         Console().print(Syntax(recipe_to_yaml(cfg), "yaml"))
         return
+    argv = ["train", *([recipe] if recipe else []), *overrides]
+    argv += [*(["--resume", str(resume)] if resume else []), *(["--quiet"] if quiet else [])]
+    if _several_processes(cfg, argv + (["--dump-rollouts"] if dump_rollouts else [])):
+        return
 
     from rltool.app.driver import train as run_training
     from rltool.app.failed_steps import EXIT_TRAINED_NOTHING
@@ -83,3 +87,24 @@ def train(
     if outcome.failure is not None:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(outcome.failure)}")
         raise typer.Exit(EXIT_TRAINED_NOTHING)
+
+
+def _several_processes(cfg, argv: list[str]) -> bool:
+    """``distributed.nproc_per_node`` > 1: relaunch this command through
+    torch.distributed.run and exit with its status; a rank other than 0 of such a group
+    follows the leader and prints nothing. False: this process is the one that trains."""
+    import subprocess
+
+    from rltool.app.distributed import follow, is_follower, relaunch_command
+
+    try:
+        command = relaunch_command(cfg, argv)
+    except ValueError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
+    if command is not None:
+        raise typer.Exit(subprocess.call(command))
+    if is_follower():
+        follow(cfg)
+        return True
+    return False

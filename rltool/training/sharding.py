@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -18,6 +19,8 @@ import torch.distributed as dist
 from rltool.config.schema import DistributedConfig
 
 STRATEGIES = ("full_shard", "shard_grad_op")
+# the other ranks wait in a collective while the leader generates and evaluates
+_TIMEOUT = timedelta(hours=2)
 MIXED_PRECISION = ("none", "bf16")
 
 
@@ -67,10 +70,16 @@ def init_shard(cfg: DistributedConfig) -> Shard | None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    objects = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=_TIMEOUT)
+    objects = dist.new_group(backend="gloo", timeout=_TIMEOUT) if cuda else dist.group.WORLD
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     return Shard(dist.get_rank(), dist.get_world_size(), device, objects)
+
+
+def ready(shard: Shard | None) -> None:
+    """Every rank waits here for the others (e.g. until the leader has built a model)."""
+    if shard is not None:
+        dist.barrier(group=shard.objects)
 
 
 def close_shard(shard: Shard | None) -> None:
