@@ -10,6 +10,8 @@ Design: docs/distributed.md
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,6 +56,22 @@ def relaunch_command(recipe: RecipeConfig, argv: list[str]) -> list[str] | None:
     ]
 
 
+def run_launcher(command: list[str]) -> int:
+    """Run torch.distributed.run and return its status. Ctrl-C reaches it from the
+    terminal and it passes the signal on to the ranks (the leader stops cleanly and saves);
+    a SIGTERM sent to this process is forwarded to it. This process must not die first."""
+    proc = subprocess.Popen(command)  # before the handlers: it must not inherit SIG_IGN
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda sig, _: proc.send_signal(sig)),
+    }
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def is_follower() -> bool:
     """This process is a rank other than 0 of a group torchrun started."""
     return launched_world_size() > 1 and int(os.environ.get("RANK", "0")) != 0
@@ -63,6 +81,10 @@ def follow(recipe: RecipeConfig) -> None:
     """A non-leader rank: build the sharded trainer, then obey the leader until ``stop``."""
     shard = init_shard(recipe.distributed)
     assert shard is not None and not shard.leader
+    # a stop is the leader's decision: it finishes the step and saves with our help, then
+    # says stop (torchrun passes SIGINT / SIGTERM to every rank)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         ready(shard)  # the leader has built the model files (builtin:)
         seed_everything(recipe.trainer.seed)

@@ -24,7 +24,12 @@ from rltool.app.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from rltool.app.sharded_checkpoint import SHARDED, restore_updater, write_sharded
+from rltool.app.sharded_checkpoint import (
+    SHARDED,
+    load_full_moments,
+    restore_updater,
+    write_sharded,
+)
 from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
@@ -41,7 +46,7 @@ from rltool.produce.task_specs import TaskSpec, load_task_data, task_specs
 from rltool.rollout.state import RolloutState
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
-from rltool.training.optim import build_optimizer, build_scheduler
+from rltool.training.optim import OPTIMIZER_FILE, build_optimizer, build_scheduler
 from rltool.training.sharding import (
     Shard,
     announce,
@@ -173,7 +178,11 @@ def trainer_model(model: Any, recipe: RecipeConfig, shard: Shard | None) -> Any:
 
 def build_updater(recipe: RecipeConfig, model: Any, shard: Shard | None = None) -> PolicyUpdater:
     """The updater of ``model`` (already sharded when ``shard`` is set)."""
-    optimizer = build_optimizer(model, recipe.optimizer, init_dir=_optimizer_init(recipe))
+    init_dir = _optimizer_init(recipe)
+    # a sharded optimizer takes the one-process moments by parameter name
+    optimizer = build_optimizer(model, recipe.optimizer, init_dir if shard is None else None)
+    if shard is not None and init_dir is not None:
+        load_full_moments(model, optimizer, init_dir / OPTIMIZER_FILE)
     scheduler = build_scheduler(optimizer, recipe.optimizer, total_steps=recipe.trainer.steps)
     ref_model = None
     if recipe.algorithm.kl_coef > 0:

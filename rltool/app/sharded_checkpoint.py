@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
@@ -97,6 +98,25 @@ def _restore_single(
     set_model_state_dict(model, {n: full[n] for n in names}, options=options)
     set_optimizer_state_dict(model, optimizer, _by_name(optim_state, names), options=options)
     dist.barrier()
+
+
+def load_full_moments(model: Any, optimizer: Any, path: Path) -> None:
+    """Warm-start moments (``optimizer.pt``, saved by one process) into a sharded
+    optimizer; the current hyperparameters (lr, betas, ...) stay."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no optimizer state to warm-start from; set "
+            "optimizer.init_from_checkpoint=false"
+        )
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    full = _by_name(saved, names)
+    current = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    full["param_groups"] = [
+        {**c, "params": g["params"]} for c, g in zip(current, full["param_groups"], strict=True)
+    ]
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, full, options=options)
 
 
 def _by_name(optim_state: dict, names: list[str]) -> dict:

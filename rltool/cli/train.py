@@ -93,9 +93,7 @@ def _several_processes(cfg, argv: list[str]) -> bool:
     """``distributed.nproc_per_node`` > 1: relaunch this command through
     torch.distributed.run and exit with its status; a rank other than 0 of such a group
     follows the leader and prints nothing. False: this process is the one that trains."""
-    import subprocess
-
-    from rltool.app.distributed import follow, is_follower, relaunch_command
+    from rltool.app.distributed import follow, is_follower, relaunch_command, run_launcher
 
     try:
         command = relaunch_command(cfg, argv)
@@ -103,7 +101,7 @@ def _several_processes(cfg, argv: list[str]) -> bool:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     if command is not None:
-        raise typer.Exit(subprocess.call(command))
+        raise typer.Exit(run_launcher(command))
     if is_follower():
         follow(cfg)
         return True

@@ -13,13 +13,19 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_models
 
 from tiny_models import random_qwen2
 
 from rltool.app.checkpoint import TrainerState, capture_rng, save_checkpoint
-from rltool.app.sharded_checkpoint import SHARDED, restore_updater, write_sharded
+from rltool.app.sharded_checkpoint import (
+    SHARDED,
+    load_full_moments,
+    restore_updater,
+    write_sharded,
+)
 from rltool.config.schema import AlgorithmConfig, DistributedConfig, OptimizerConfig
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.training.batch import Pack
@@ -128,6 +134,14 @@ def main(out: Path, single_ckpt: Path) -> None:
         resumed = new_updater(*CKPT_CASE, shard)
         restore_updater(source, resumed.model, resumed.optimizer, resumed.scheduler, shard)
         results[name] = params(train(resumed, range(2, 4)))
+    # warm-start moments saved by one process (optimizer.pt beside SINGLE_CKPT's weights)
+    warm = new_updater(*CKPT_CASE, shard)
+    load_full_moments(warm.model, warm.optimizer, single_ckpt / "optimizer.pt")
+    full = get_optimizer_state_dict(
+        warm.model, warm.optimizer, options=StateDictOptions(full_state_dict=True)
+    )
+    results["warm"] = {n: s["exp_avg"] for n, s in full["state"].items()}
+    results["warm_lr"] = {"lr": torch.tensor(full["param_groups"][0]["lr"])}
     if shard.leader:
         for name, p in results.items():
             torch.save(p, out / f"{name}.pt")

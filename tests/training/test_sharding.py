@@ -19,6 +19,7 @@ from fsdp_steps import CASES, CKPT_CASE, new_updater, params, save, train
 from transformers import AutoModelForCausalLM
 
 from rltool.app.sharded_checkpoint import is_sharded, restore_updater
+from rltool.training.optim import save_moments
 from rltool.training.sharding import Shard, rank_slots
 from rltool.training.updater import split_mini_batches
 
@@ -57,6 +58,11 @@ def test_two_processes_train_and_resume_as_one(tmp_path: Path) -> None:
     single = train(new_updater(*CKPT_CASE, None), range(2))
     at_step2 = params(single)
     single_ckpt = save(single, tmp_path / "single" / "checkpoints", 2, None)
+    save_moments(single.optimizer, single_ckpt)  # a warm start's optimizer.pt
+    moments = {
+        n: single.optimizer.state[p]["exp_avg"].clone() for n, p in single.model.named_parameters()
+    }
+    lr0 = new_updater(*CKPT_CASE, None).optimizer.param_groups[0]["lr"]
     uninterrupted = params(train(single, range(2, 4)))
 
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
@@ -87,3 +93,6 @@ def test_two_processes_train_and_resume_as_one(tmp_path: Path) -> None:
     # 2 -> 2 and 1 -> 2, from the processes
     assert _max_diff(uninterrupted, torch.load(tmp_path / "from2.pt")) < TOL
     assert _max_diff(uninterrupted, torch.load(tmp_path / "from1.pt")) < TOL
+    # the warm start: the moments by name, the new optimizer's own learning rate
+    assert _max_diff(moments, torch.load(tmp_path / "warm.pt")) == 0.0
+    assert float(torch.load(tmp_path / "warm_lr.pt")["lr"]) == pytest.approx(lr0)
