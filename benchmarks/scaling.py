@@ -7,8 +7,9 @@ Both sides train the same demo-sized Qwen2 (hidden 256, 4 layers) on the same pa
 with ``PolicyUpdater.step`` (on-policy GRPO loss, AdamW); the N-process side shards it with
 ``fully_shard`` and splits the rows by token count, as ``rltool train`` does. The script
 launches that side itself through torch.distributed.run (NCCL on a GPU, one GPU a
-process) and reads its figure back. One process uses every core (or the GPU); on the CPU
-each of the N processes gets 1/N of the cores.
+process) and reads its figure back. On the CPU each of the N processes gets 1/N of the
+cores; the one-process side is measured with every core and with 1/N of them (on a busy
+machine, OpenMP threads that oversubscribe the cores can slow one process many times).
 """
 
 from __future__ import annotations
@@ -127,8 +128,14 @@ def main() -> None:
         return
     where = "cuda" if torch.cuda.is_available() else f"cpu, {os.cpu_count()} cores"
     print(f"training step, {args.rows} rows x {args.row_len} tokens, {where}")
+    cores = os.cpu_count() or 1
     one = tokens_per_s(args, None)
-    print(f"  1 process                 {one:10.0f} tokens/s")
+    print(f"  1 process, {torch.get_num_threads()} threads      {one:10.0f} tokens/s")
+    slim = None
+    if not torch.cuda.is_available() and cores // args.nproc != torch.get_num_threads():
+        torch.set_num_threads(max(1, cores // args.nproc))
+        slim = tokens_per_s(args, None)
+        print(f"  1 process, {torch.get_num_threads()} threads      {slim:10.0f} tokens/s")
     if torch.cuda.is_available() and torch.cuda.device_count() < args.nproc:
         print(
             f"  {args.nproc} processes: needs {args.nproc} GPUs (one a process), found "
@@ -137,7 +144,12 @@ def main() -> None:
         return
     many = sharded_side(args)
     print(f"  {args.nproc} processes (FSDP2)      {many:10.0f} tokens/s")
-    print(f"  ratio {args.nproc} / 1: {many / one:.2f}x")
+    print(f"  ratio {args.nproc} processes / 1 process: {many / one:.2f}x")
+    if slim is not None:
+        print(
+            f"  ratio {args.nproc} processes / 1 process on 1/{args.nproc} of the cores: "
+            f"{many / slim:.2f}x"
+        )
 
 
 if __name__ == "__main__":
