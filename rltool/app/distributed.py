@@ -57,19 +57,25 @@ def relaunch_command(recipe: RecipeConfig, argv: list[str]) -> list[str] | None:
 
 
 def run_launcher(command: list[str]) -> int:
-    """Run torch.distributed.run and return its status. Ctrl-C reaches it from the
-    terminal and it passes the signal on to the ranks (the leader stops cleanly and saves);
-    a SIGTERM sent to this process is forwarded to it. This process must not die first."""
-    proc = subprocess.Popen(command)  # before the handlers: it must not inherit SIG_IGN
-    previous = {
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda sig, _: proc.send_signal(sig)),
-    }
+    """Run torch.distributed.run and return its status: 130 / 143 after Ctrl-C / SIGTERM,
+    as on one process. Ctrl-C reaches it from the terminal and it passes the signal on to
+    the ranks (the leader stops cleanly and saves); a SIGTERM sent to this process is
+    forwarded to it. This process must not die first."""
+    proc = subprocess.Popen(command)
+    seen: list[int] = []
+
+    def on_signal(sig: int, _frame: object) -> None:
+        seen.append(sig)
+        if sig == signal.SIGTERM:  # Ctrl-C reached torchrun already (same process group)
+            proc.send_signal(sig)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        status = proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return 128 + seen[0] if seen and status != 0 else status
 
 
 def is_follower() -> bool:
