@@ -259,7 +259,8 @@ class VLLMEngine(RolloutEngine):
     def _first_call(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, chunk: int
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """(tokens, logprobs, stopped) per row; each distinct prompt once, with ``n`` = its repeats (one prefill, shared blocks)."""
+        """(tokens, logprobs, stopped) per row; each distinct prompt sent once with ``n`` =
+        its repeats (one prefill, shared KV blocks)."""
         rows_of: dict[tuple[int, ...], list[int]] = {}
         for r, p in enumerate(prompts):
             rows_of.setdefault(tuple(p), []).append(r)

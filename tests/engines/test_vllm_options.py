@@ -84,11 +84,12 @@ def test_first_stop_finds_a_stop_string_split_across_calls(tokenizer):
 
 
 def test_eos_ids_join_the_tokenizer_and_the_generation_config(tokenizer):
-    class Model:
-        class generation_config:  # noqa: N801 (an attribute holder)
-            eos_token_id = [7, tokenizer.eos_token_id]
+    from types import SimpleNamespace
 
-    assert eos_ids(tokenizer, Model()) == sorted({7, tokenizer.eos_token_id})
+    model = SimpleNamespace(
+        generation_config=SimpleNamespace(eos_token_id=[7, tokenizer.eos_token_id])
+    )
+    assert eos_ids(tokenizer, model) == sorted({7, tokenizer.eos_token_id})
     assert eos_ids(tokenizer, None) == [tokenizer.eos_token_id]
 
 
