@@ -148,12 +148,21 @@ def test_partial_rollouts_in_chunks_equal_one_call(engine, model, tokenizer, pro
     assert [g.token_ids for g in chunked_stop] == [g.token_ids for g in ref_stop]
 
 
+def short_agent(client, task):
+    """One chat turn without tools: the calculator agent's tool prompt (536 tokens) is past
+    the demo model's context (512), which vLLM refuses where transformers runs on."""
+    reply = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    return reply.choices[0].message.content
+
+
 def test_localhost_sessions_through_the_session_server(engine, tokenizer):
     """The localhost loop: an agent's chat calls reach vLLM through the session server and
     the batcher's engine-caller thread; the recorded sessions pass the contract."""
     ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=8), task_name="localhost")
     loop = LocalhostLoop(
-        ctx, agent="rltool.agents.calculator:run", judger="rltool.agents.calculator:judge"
+        ctx, agent="test_vllm_engine:short_agent", judger="rltool.agents.calculator:judge"
     )
     task = {"question": "Tom has 7 apples and buys 5 more. How many?", "answer": "#### 12"}
     (group,) = loop.generate_groups([task], 2, ["a"])
