@@ -30,6 +30,23 @@ class SamplingConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """``rollout.engine: vllm`` (vLLM in this process; docs/engines.md#the-vllm-engine)."""
+
+    # share of GPU memory vLLM may take (weights + KV cache); on the CPU backend the share
+    # of host memory it reserves, where vLLM's own default (0.92) refuses to start
+    gpu_memory_utilization: float = 0.1
+    enforce_eager: bool = True  # False: CUDA graphs on a GPU (compile time at start)
+    dtype: str = ""  # "" = model.dtype | float32 | bfloat16 | float16
+    # colocated on one GPU: vLLM sleeps (frees its KV cache, offloads weights) while the
+    # trainer trains and wakes for the next generate; GPU only
+    enable_sleep_mode: bool = False
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None  # None = the checkpoint's context length
+    seed: int = 0  # vLLM's sampling seed
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"  # in-process Hugging Face generate
     batch_size: int = 64  # sequences per generate call
@@ -41,6 +58,7 @@ class RolloutConfig:
     # in flight takes weights synced meanwhile and continues with them (it stops only
     # when new weights wait)
     chunk_tokens: int | None = None  # None = no pause points: new weights wait for the next call
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.0)
