@@ -41,12 +41,32 @@ class ServerOptions:
     # weight updates: a directory every server can read, and the collective_rpc method of
     # the server's worker extension that loads a safetensors file from it
     weights_dir: str = ""  # "" = weights cannot be updated (the run fails at the first sync)
-    update_method: str = "rltool_load_safetensors"
+    update_method: str = "rltool_load_weights"
+    # collective_rpc method called on every server at start so that its logprobs are the
+    # trainer's (vllm serve --logprobs-mode processed_logprobs); "" = the server's as they are
+    logprobs_method: str = "rltool_tempered_logprobs"
+
+
+@dataclass
+class VLLMConfig:
+    """``rollout.engine: vllm`` (vLLM in this process; docs/engines.md#the-vllm-engine)."""
+
+    # share of GPU memory vLLM may take (weights + KV cache); on the CPU backend the share
+    # of host memory it reserves, where vLLM's own default (0.92) refuses to start
+    gpu_memory_utilization: float = 0.1
+    enforce_eager: bool = True  # False: CUDA graphs on a GPU (compile time at start)
+    dtype: str = ""  # "" = model.dtype | float32 | bfloat16 | float16
+    # colocated on one GPU: vLLM sleeps (frees its KV cache, offloads weights) while the
+    # trainer trains and wakes for the next generate; GPU only
+    enable_sleep_mode: bool = False
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None  # None = the checkpoint's context length
+    seed: int = 0  # vLLM's sampling seed
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # in-process Hugging Face generate | openai_server
+    engine: str = "hf"  # hf (in-process generate) | vllm | openai_server
     servers: list[str] = field(default_factory=list)  # openai_server: base URLs (…/v1)
     server: ServerOptions = field(default_factory=ServerOptions)
     batch_size: int = 64  # sequences per generate call
@@ -58,6 +78,7 @@ class RolloutConfig:
     # in flight takes weights synced meanwhile and continues with them (it stops only
     # when new weights wait)
     chunk_tokens: int | None = None  # None = no pause points: new weights wait for the next call
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.0)

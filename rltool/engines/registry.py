@@ -26,7 +26,7 @@ class EngineBuilder(Protocol):
 ENGINES: Registry[EngineBuilder] = Registry(
     "rollout engine",
     "rollout.engine",
-    builtin_modules=("rltool.engines.hf", "rltool.engines.openai_server"),
+    builtin_modules=("rltool.engines.hf", "rltool.engines.openai_server", "rltool.engines.vllm"),
 )
 
 
