@@ -27,6 +27,7 @@ class _Server:
     root: str  # the URL without its /v1 (vLLM's /collective_rpc lives there)
     in_flight: int = 0
     failed: bool = False  # its last request failed: chosen only when no other is left
+    out: bool = False  # missed a weight update: never chosen again (its weights are old)
     answered: int = 0  # requests it answered (for tests and the benchmark)
 
 
@@ -61,6 +62,7 @@ class ServerPool:
     _servers: list[_Server] = field(init=False)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     _retried: int = field(init=False, default=0)
+    _dropped: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         urls = check_server_urls(self.urls)
@@ -79,11 +81,17 @@ class ServerPool:
         """Requests answered per server URL."""
         return {s.url: s.answered for s in self._servers}
 
-    def pop_retries(self) -> int:
-        """Requests retried on another server since the last call."""
+    @property
+    def live(self) -> list[str]:
+        """URLs of the servers still in the pool."""
+        return [s.url for s in self._servers if not s.out]
+
+    def pop_counts(self) -> tuple[int, int]:
+        """(requests retried on another server, servers dropped) since the last call."""
         with self._lock:
-            n, self._retried = self._retried, 0
-        return n
+            counts = (self._retried, self._dropped)
+            self._retried = self._dropped = 0
+        return counts
 
     def post_spread(self, path: str, bodies: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """POST each body to ``<server url><path>``, spread over the servers, at most
@@ -92,18 +100,33 @@ class ServerPool:
         return [f.result() for f in futures]
 
     def post_each(self, path: str, body: dict[str, Any], root: bool = False) -> list[Any]:
-        """POST ``body`` to every server (at its root URL when ``root``); the JSON answers
-        (None for an empty one). Any failure raises, naming the server."""
-        out = []
-        for s in self._servers:
+        """POST ``body`` to every server still in the pool (at its root URL when ``root``);
+        the JSON answers (None for an empty one). A server that does not answer (down,
+        5xx) is dropped from the pool for good and counted; a 4xx answer raises (the server
+        lacks what rltool asks of it); no server left raises ``ServersDown``."""
+        out, why = [], []
+        for s in [s for s in self._servers if not s.out]:
             url = (s.root if root else s.url) + path
             try:
                 r = self._client.post(url, json=body)
             except httpx.HTTPError as exc:
-                raise ServersDown(f"openai_server: {url}: {type(exc).__name__}: {exc}") from exc
-            if r.status_code >= 400:
-                raise RuntimeError(f"openai_server: {url} answered {r.status_code}: {r.text[:500]}")
-            out.append(r.json() if r.content else None)
+                r, reason = None, f"{type(exc).__name__}: {exc}"
+            if r is not None and 400 <= r.status_code < 500:
+                raise RuntimeError(
+                    f"openai_server: {url} refused {body.get('method', path)!r} "
+                    f"({r.status_code}): {r.text[:500]}. A vLLM server needs "
+                    "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                    "rltool.engines.vllm_worker.RltoolWorkerExtension (docs/engines.md)"
+                )
+            if r is not None and r.status_code < 400:
+                out.append(r.json() if r.content else None)
+                continue
+            why.append(f"{s.url} ({path}: {reason if r is None else f'HTTP {r.status_code}'})")
+            with self._lock:
+                s.out = True
+                self._dropped += 1
+        if not out:
+            raise ServersDown(f"openai_server: no server left in rollout.servers: {'; '.join(why)}")
         return out
 
     def close(self) -> None:
@@ -112,9 +135,10 @@ class ServerPool:
 
     def _pick(self, tried: set[int]) -> int:
         with self._lock:
-            left = [i for i in range(len(self._servers)) if i not in tried] or list(
-                range(len(self._servers))
-            )
+            live = [i for i, s in enumerate(self._servers) if not s.out]
+            if not live:
+                raise ServersDown("openai_server: every server of rollout.servers was dropped")
+            left = [i for i in live if i not in tried] or live
             best = min(left, key=lambda i: (self._servers[i].failed, self._servers[i].in_flight))
             self._servers[best].in_flight += 1
             return best

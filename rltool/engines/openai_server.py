@@ -26,6 +26,7 @@ from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
 from rltool.engines.openai_pool import ServerPool
 from rltool.engines.registry import ENGINES
+from rltool.engines.vllm import eos_ids, first_stop
 
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
@@ -42,7 +43,12 @@ class _Row:
 
 
 def completion_body(
-    model: str, context: Sequence[int], n: int, max_tokens: int, sampling: SamplingConfig
+    model: str,
+    context: Sequence[int],
+    n: int,
+    max_tokens: int,
+    sampling: SamplingConfig,
+    eos: Sequence[int] = (),
 ) -> dict[str, Any]:
     """One completions request. Every sampling knob is explicit, so no server default (a
     checkpoint's generation_config.json) applies; greedy is temperature 0."""
@@ -60,6 +66,7 @@ def completion_body(
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "stop": list(sampling.stop),
+        "stop_token_ids": list(eos),  # the EOS ids HFEngine stops at, kept in the output
         "include_stop_str_in_output": True,
         "logprobs": 0,  # the sampled token's own logprob
         "return_token_ids": True,
@@ -96,16 +103,18 @@ class OpenAIServerEngine(RolloutEngine):
         tokenizer: Any,
         served_model: str,
         weights_dir: str = "",
-        update_method: str = "rltool_load_safetensors",
+        update_method: str = "rltool_load_weights",
+        logprobs_method: str = "",
         chunk_tokens: int | None = None,
         model: torch.nn.Module | None = None,
         model_step: int = 0,
+        eos: Sequence[int] = (),
     ):
         if chunk_tokens is not None and chunk_tokens < 1:
             raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
         self.pool, self.tokenizer, self.served_model = pool, tokenizer, served_model
         self.weights_dir, self.update_method = weights_dir, update_method
-        self.chunk_tokens = chunk_tokens
+        self.chunk_tokens, self.eos = chunk_tokens, list(eos)
         self._model = model  # the trainer's model in a synchronous in-process run
         self._model_step = model_step
         self._lock = threading.Lock()
@@ -113,6 +122,8 @@ class OpenAIServerEngine(RolloutEngine):
         self._generating = False
         self._pending: tuple[Path, int] | None = None
         self._written: list[Path] = []
+        if logprobs_method:  # every server reports the trainer's logprobs from now on
+            self.pool.post_each("/collective_rpc", {"method": logprobs_method}, root=True)
 
     @property
     def model_step(self) -> int:
@@ -123,7 +134,8 @@ class OpenAIServerEngine(RolloutEngine):
         return self._pending is not None
 
     def pop_metrics(self) -> dict[str, float]:
-        return {"rollout/server_retries": float(self.pool.pop_retries())}
+        retried, dropped = self.pool.pop_counts()
+        return {"rollout/server_retries": float(retried), "rollout/servers_dropped": float(dropped)}
 
     def sync_weights(self, model_step: int) -> None:
         """The trainer's model object is not the servers': its weights are sent over."""
@@ -246,7 +258,7 @@ class OpenAIServerEngine(RolloutEngine):
             left = budget - len(members[0].tokens)
             chunk = left if self.chunk_tokens is None else min(left, self.chunk_tokens)
             bodies.append(
-                completion_body(self.served_model, context, len(members), chunk, sampling)
+                completion_body(self.served_model, context, len(members), chunk, sampling, self.eos)
             )
         answers = self.pool.post_spread("/completions", bodies)
         for members, answer in zip(by_context.values(), answers, strict=True):
@@ -268,14 +280,11 @@ class OpenAIServerEngine(RolloutEngine):
         cut the row after the token that completes it. True if one did."""
         if not stop or self.chunk_tokens is None or len(row.tokens) == new:
             return False
-        decode = self.tokenizer.decode
-        if not any(s in decode(row.tokens, skip_special_tokens=True) for s in stop):
+        k = first_stop(self.tokenizer, row.tokens, stop, len(row.tokens) - new)
+        if k is None:
             return False
-        for k in range(len(row.tokens) - new + 1, len(row.tokens) + 1):
-            if any(s in decode(row.tokens[:k], skip_special_tokens=True) for s in stop):
-                del row.tokens[k:], row.logprobs[k:], row.steps[k:]
-                return True
-        return False
+        del row.tokens[k:], row.logprobs[k:], row.steps[k:]
+        return True
 
 
 @ENGINES.register("openai_server")
@@ -301,6 +310,8 @@ def build_openai_server_engine(
         served_model=opts.model or model_cfg.path,
         weights_dir=opts.weights_dir,
         update_method=opts.update_method,
+        logprobs_method=opts.logprobs_method,
         chunk_tokens=rollout.chunk_tokens,
         model=model,
+        eos=eos_ids(tokenizer, model),
     )

@@ -70,7 +70,7 @@ def test_greedy_equals_hf_spread_over_both_servers(servers, model, tokenizer):
         assert g.model_steps == [0] * len(g.token_ids)
     answered = engine.pool.answered
     assert sum(answered.values()) == 8 and min(answered.values()) >= 1  # spread
-    assert engine.pop_metrics() == {"rollout/server_retries": 0.0}
+    assert engine.pop_metrics() == {"rollout/server_retries": 0.0, "rollout/servers_dropped": 0.0}
     engine.shutdown()
 
 
@@ -110,7 +110,7 @@ def test_a_server_error_is_retried(servers, tokenizer):
     got = engine.generate(_prompts(tokenizer, 1), GREEDY)
     assert len(got[0].token_ids) >= 1
     assert len(servers[0].requests) == 2  # the 500, then the retry on the only server
-    assert engine.pop_metrics() == {"rollout/server_retries": 1.0}
+    assert engine.pop_metrics()["rollout/server_retries"] == 1.0
     engine.shutdown()
 
 
@@ -238,3 +238,34 @@ def test_recipe_keys_build_the_engine_and_are_checked(servers, tokenizer, monkey
         "rollout.server.timeout_s = 0: must be > 0",
         "rollout.server.retries = -1: must be >= 0",
     ]
+
+
+def test_a_server_that_misses_a_weight_update_is_dropped(servers, tokenizer, tmp_path):
+    new = _model(7, tokenizer)
+    engine = _engine([s.url for s in servers], tokenizer, tmp_path)
+    servers[0].kill()
+    engine.load_weights(new.state_dict(), 1)  # the live one loads; the dead one is out
+    assert engine.pool.live == [servers[1].url]
+    assert engine.pop_metrics()["rollout/servers_dropped"] == 1.0
+    prompts = _prompts(tokenizer, 4)
+    got = engine.generate(prompts, GREEDY)
+    want = HFEngine(new, tokenizer).generate(prompts, GREEDY)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert engine.pop_metrics()["rollout/server_retries"] == 0.0  # never tried again
+    servers[1].kill()
+    with pytest.raises(ServersDown, match=r"no server left in rollout.servers: " + servers[1].url):
+        engine.load_weights(new.state_dict(), 2)
+    engine.shutdown()
+
+
+def test_the_logprobs_method_is_called_on_every_server_at_start(servers, tokenizer):
+    pool = ServerPool([s.url for s in servers], timeout_s=30)
+    engine = OpenAIServerEngine(pool, tokenizer, "tiny", logprobs_method="rltool_tempered_logprobs")
+    assert [s.rpcs for s in servers] == [[{"method": "rltool_tempered_logprobs"}]] * 2
+    engine.shutdown()
+    pool = ServerPool([servers[0].url], timeout_s=30)
+    with pytest.raises(
+        RuntimeError, match=r"refused 'no_such_method' \(400\).*VLLM_SERVER_DEV_MODE"
+    ):
+        OpenAIServerEngine(pool, tokenizer, "tiny", logprobs_method="no_such_method")
+    pool.close()
