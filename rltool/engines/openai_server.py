@@ -27,6 +27,7 @@ from rltool.engines.base import Generation, RolloutEngine
 from rltool.engines.openai_pool import ServerPool
 from rltool.engines.registry import ENGINES
 from rltool.engines.vllm import eos_ids, first_stop
+from rltool.engines.vllm_worker import EXTENSION
 
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
@@ -285,6 +286,21 @@ class OpenAIServerEngine(RolloutEngine):
             return False
         del row.tokens[k:], row.logprobs[k:], row.steps[k:]
         return True
+
+
+def vllm_serve_args(
+    model_dir: str, host: str, port: int, served_model: str, dtype: str = "float32"
+) -> list[str]:
+    """The arguments after ``vllm serve`` for a server this engine can drive: its worker
+    extension (weights in place, the trainer's logprobs), prefix caching, no sampling
+    defaults from the checkpoint. Run it with ``VLLM_SERVER_DEV_MODE=1`` (the
+    ``/collective_rpc`` and ``/reset_prefix_cache`` endpoints) and rltool importable."""
+    return [
+        model_dir,
+        *("--host", host, "--port", str(port), "--served-model-name", served_model),
+        *("--dtype", dtype, "--enable-prefix-caching", "--generation-config", "vllm"),
+        *("--logprobs-mode", "processed_logprobs", "--worker-extension-cls", EXTENSION),
+    ]
 
 
 @ENGINES.register("openai_server")
