@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ class OpenAIServerEngine(RolloutEngine):
         self._generating = False
         self._pending: tuple[Path, int] | None = None
         self._written: list[Path] = []
+        self._tag = uuid.uuid4().hex[:8]  # this engine's files (Ray: one engine per worker)
         if logprobs_method:  # every server reports the trainer's logprobs from now on
             self.pool.post_each("/collective_rpc", {"method": logprobs_method}, root=True)
 
@@ -177,7 +179,7 @@ class OpenAIServerEngine(RolloutEngine):
             t = v.detach().to("cpu").contiguous()
             tensors[k] = t.clone() if t.data_ptr() in seen else t
             seen.add(t.data_ptr())
-        path = folder / f"rltool-step{model_step:08d}.safetensors"
+        path = folder / f"rltool-step{model_step:08d}-{self._tag}.safetensors"
         with self._write_lock:
             tmp = path.with_suffix(".tmp")
             save_file(tensors, str(tmp))

@@ -145,14 +145,16 @@ def test_weights_reach_every_server_and_stamp_the_tokens(servers, model, tokeniz
     assert [s.resets for s in servers] == [1, 1]
     assert [s.rpcs[0]["args"][1] for s in servers] == ["3", "3"]
     files = list((tmp_path / "weights").iterdir())
-    assert [f.name for f in files] == ["rltool-step00000003.safetensors"]
+    assert [f.name for f in files] == [f"rltool-step00000003-{engine._tag}.safetensors"]
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(new, tokenizer).generate(prompts, GREEDY)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.token_ids for g in got] != [b.token_ids for b in before]  # the weights changed
     assert all(g.model_steps == [3] * len(g.token_ids) for g in got)
     engine.load_weights(model.state_dict(), 4)  # the older file is removed
-    assert [f.name for f in (tmp_path / "weights").iterdir()] == ["rltool-step00000004.safetensors"]
+    assert [f.name for f in (tmp_path / "weights").iterdir()] == [
+        f"rltool-step00000004-{engine._tag}.safetensors"
+    ]
     with pytest.raises(ValueError, match=r"goes back from step 4"):
         engine.load_weights(model.state_dict(), 2)
     engine.shutdown()
