@@ -154,8 +154,10 @@ class OpenAIServerEngine(RolloutEngine):
             raise ValueError(f"load_weights({model_step}) goes back from step {latest}")
         path = self._write(state_dict, model_step)
         with self._lock:
-            if self._generating:
-                self._pending = (path, model_step)
+            if self._generating:  # a later call replaces weights still waiting
+                replaced, self._pending = self._pending, (path, model_step)
+                if replaced is not None and replaced[0] != path:
+                    replaced[0].unlink(missing_ok=True)
                 return
         self._apply(path, model_step)
 

@@ -178,7 +178,8 @@ def test_weights_synced_mid_generation_apply_at_the_next_pause_point(
     servers, model, tokenizer, tmp_path
 ):
     """chunk_tokens=2: the weights handed over during the first chunk are loaded before
-    the second; tokens 0-1 come from the old model (step 0), the rest from the new (step 1)."""
+    the second; tokens 0-1 come from the old model (step 0), the rest from the new (step 2,
+    which replaced step 1 while both waited)."""
     new = _model(7, tokenizer)
     engine = _engine([servers[0].url], tokenizer, tmp_path, chunk_tokens=2)
     handed = threading.Event()
@@ -188,6 +189,7 @@ def test_weights_synced_mid_generation_apply_at_the_next_pause_point(
             handed.set()
             engine.load_weights(new.state_dict(), 1)
             assert engine.weights_waiting  # generate is running: it waits
+            engine.load_weights(new.state_dict(), 2)  # replaces step 1's, still waiting
 
     servers[0].on_completion = hand_over_once
     prompt = _prompts(tokenizer, 1)[0]
@@ -198,8 +200,10 @@ def test_weights_synced_mid_generation_apply_at_the_next_pause_point(
         [prompt + head[0].token_ids], SamplingConfig(0.0, max_new_tokens=4)
     )
     assert got.token_ids == head[0].token_ids + rest[0].token_ids
-    assert got.model_steps == [0, 0] + [1] * (len(got.token_ids) - 2)
-    assert not engine.weights_waiting and engine.model_step == 1
+    assert got.model_steps == [0, 0] + [2] * (len(got.token_ids) - 2)
+    assert not engine.weights_waiting and engine.model_step == 2
+    assert [s["args"][1] for s in servers[0].rpcs] == ["2"]  # step 1's never loaded
+    assert len(list((tmp_path / "weights").iterdir())) == 1  # nor kept
     engine.shutdown()
 
 
