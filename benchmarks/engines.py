@@ -11,8 +11,13 @@ other, never both at once. Run it in vLLM's environment::
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/engines.py
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/engines.py --prompts 256 --dtype bfloat16
 
-On a CPU vLLM is correct but slow (facts.md); its speed is for GPUs. On a shared machine
-timings are noisy: compare the ratios of one invocation.
+On a shared machine timings are noisy: compare the ratios of one invocation. The HF
+engine runs on ``--threads`` torch threads (1 by default: on a loaded machine more
+threads than free cores make it many times slower); vLLM's CPU backend picks its own.
+Measured 2026-12-02 on 2 shared CPU cores (load average ~18), defaults, one run: HF 96.0
+tokens/s (1 thread), vLLM in process 526.5 (5.49x), vllm serve + openai_server 365.8
+(3.81x; HTTP, JSON and a second process). With HF on 2 threads on that loaded machine:
+7.3 tokens/s, and the ratios 82x and 37x: oversubscription, not the engines.
 """
 
 from __future__ import annotations
@@ -111,8 +116,10 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.1)
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--start-timeout-s", type=float, default=600)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the HF engine on a CPU")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(args.threads)
     demo_dir = ensure_demo_checkpoint(show_progress=False)
     tokenizer = AutoTokenizer.from_pretrained(demo_dir)
     dtype = getattr(torch, args.dtype)
