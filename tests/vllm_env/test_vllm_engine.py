@@ -20,13 +20,16 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/vllm_env.sh)"
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rltool.agent_loops.base import LoopContext
+from rltool.agent_loops.localhost import LocalhostLoop
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.demo.model import ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
 from rltool.engines.registry import build_engine
 from rltool.engines.vllm import VLLMEngine
 from rltool.models import resolve_builtin_data
-from rltool.rollout.state import IGNORE_INDEX
+from rltool.rollout.contract import check_group, errors
+from rltool.rollout.state import IGNORE_INDEX, Status
 from rltool.training.logprobs import token_logprobs
 
 N_PROMPTS = 64
@@ -143,6 +146,31 @@ def test_partial_rollouts_in_chunks_equal_one_call(engine, model, tokenizer, pro
     assert [g.finish_reason for g in chunked] == [g.finish_reason for g in whole]
     ref_stop = HFEngine(model, tokenizer).generate(prompts[:8], stop)
     assert [g.token_ids for g in chunked_stop] == [g.token_ids for g in ref_stop]
+
+
+def short_agent(client, task):
+    """One chat turn without tools: the calculator agent's tool prompt (536 tokens) is past
+    the demo model's context (512), which vLLM refuses where transformers runs on."""
+    reply = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    return reply.choices[0].message.content
+
+
+def test_localhost_sessions_through_the_session_server(engine, tokenizer):
+    """The localhost loop: an agent's chat calls reach vLLM through the session server and
+    the batcher's engine-caller thread; the recorded sessions pass the contract."""
+    ctx = LoopContext(engine, tokenizer, SamplingConfig(max_new_tokens=8), task_name="localhost")
+    loop = LocalhostLoop(
+        ctx, agent="test_vllm_engine:short_agent", judger="rltool.agents.calculator:judge"
+    )
+    task = {"question": "Tom has 7 apples and buys 5 more. How many?", "answer": "#### 12"}
+    (group,) = loop.generate_groups([task], 2, ["a"])
+    states = list(group)
+    assert all(s.status == Status.COMPLETED for s in states), [s.error for s in states]
+    assert errors(check_group(group)) == []
+    assert {s.session_id for s in states} == {"a.0", "a.1"}
+    assert all(set(s.response_model_steps) == {0} for s in states)
 
 
 def _train_one_step(model, tokenizer, prompts):
