@@ -6,13 +6,14 @@ Runs only where vLLM is installed:
 
 One server for the module, started and stopped here with bounded waits; it runs with the
 rltool worker extension (weights in place, the trainer's logprobs) and the dev endpoints
-(``/collective_rpc``, ``/reset_prefix_cache``). The test that changes its weights is last.
+(``/collective_rpc``, ``/reset_prefix_cache``). The tests that change its weights come last.
 """
 
 # ruff: noqa: F811 (the fixtures imported from test_vllm_engine are test arguments here)
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import socket
@@ -150,6 +151,35 @@ def test_stop_strings_end_a_row_as_in_the_hf_engine(engine, model, tokenizer, pr
     assert [(g.token_ids, g.finish_reason) for g in ours] == [
         (g.token_ids, g.finish_reason) for g in ref
     ]
+
+
+def test_rltool_train_on_the_server_samples_from_synced_weights(server, tmp_path):
+    """``rltool train`` (gsm8k, synchronous) with the server as its engine: step N samples
+    from the weights after step N-1, and the server's logprobs are the trainer's own."""
+    rlt = [sys.executable, "-c", "from rltool.cli.app import main; main()"]
+    train = subprocess.run(
+        [*rlt, "train", "recipes/gsm8k_tiny_vllm.yaml", "trainer.steps=3",
+         "data.prompts_per_step=8", f"logging.run_dir={tmp_path}", "logging.name=t",
+         "rollout.engine=openai_server", f"rollout.servers=[{server}]",
+         f"rollout.server.model={SERVED}", f"rollout.server.weights_dir={tmp_path / 'w'}",
+         "--dump-rollouts", "--quiet"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-4000:]
+    dumps = sorted((tmp_path / "t" / "rollouts").glob("step_*.jsonl"))
+    validate = subprocess.run(
+        [*rlt, "validate-rollouts", *map(str, dumps)], cwd=REPO, capture_output=True, text=True
+    )
+    assert validate.returncode == 0, validate.stdout[-3000:]
+    for n, dump in enumerate(dumps, start=1):
+        samples = [json.loads(line) for line in dump.read_text().splitlines()]
+        assert samples and all(s["status"] == "COMPLETED" for s in samples)
+        assert {m for s in samples for m in s["response_model_steps"]} == {n - 1}
+    assert len(dumps) == 3
+    lines = [json.loads(x) for x in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    kls = [x["actor/rollout_kl"] for x in lines if x["kind"] == "train"]
+    print(f"openai_server train: actor/rollout_kl per step = {kls}")
+    assert len(kls) == 3 and max(kls) < 1e-4
 
 
 def test_after_a_weight_update_greedy_equals_hf_on_the_new_weights(
