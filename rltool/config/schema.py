@@ -30,6 +30,24 @@ class SamplingConfig:
 
 
 @dataclass
+class ServerOptions:
+    """``rollout.engine: openai_server``: how rltool talks to the servers (docs/engines.md)."""
+
+    model: str = ""  # the model name the servers serve ("" = model.path)
+    api_key_env: str = ""  # environment variable holding the API key ("" = none)
+    timeout_s: float = 600.0  # one completions request, connect to last byte
+    retries: int = 2  # other servers tried after a request fails on one
+    concurrency: int = 8  # requests in flight per server
+    # weight updates: a directory every server can read, and the collective_rpc method of
+    # the server's worker extension that loads a safetensors file from it
+    weights_dir: str = ""  # "" = weights cannot be updated (the run fails at the first sync)
+    update_method: str = "rltool_load_weights"
+    # collective_rpc method called on every server at start so that its logprobs are the
+    # trainer's (vllm serve --logprobs-mode processed_logprobs); "" = the server's as they are
+    logprobs_method: str = "rltool_tempered_logprobs"
+
+
+@dataclass
 class VLLMConfig:
     """``rollout.engine: vllm`` (vLLM in this process; docs/engines.md#the-vllm-engine)."""
 
@@ -48,7 +66,9 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # in-process Hugging Face generate
+    engine: str = "hf"  # hf (in-process generate) | vllm | openai_server
+    servers: list[str] = field(default_factory=list)  # openai_server: base URLs (…/v1)
+    server: ServerOptions = field(default_factory=ServerOptions)
     batch_size: int = 64  # sequences per generate call
     backend: str = "inprocess"  # inprocess (one machine, default) | ray (workers as Ray actors)
     num_workers: int = 1  # Ray rollout actors (backend: ray)

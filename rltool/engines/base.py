@@ -61,6 +61,11 @@ class RolloutEngine(ABC):
         engine that applies them at once never has any waiting."""
         return False
 
+    def pop_metrics(self) -> dict[str, float]:
+        """Counters the engine kept since the last call (e.g. ``rollout/server_retries``),
+        then reset; summed over a step's batches."""
+        return {}
+
     def shutdown(self) -> None:  # noqa: B027 (a hook: engines that hold nothing skip it)
         """Release what the engine holds (threads, processes, device memory); the run is
         ending. An engine that holds nothing beyond its Python objects has nothing to do."""

@@ -24,7 +24,9 @@ class EngineBuilder(Protocol):
 
 
 ENGINES: Registry[EngineBuilder] = Registry(
-    "rollout engine", "rollout.engine", builtin_modules=("rltool.engines.hf", "rltool.engines.vllm")
+    "rollout engine",
+    "rollout.engine",
+    builtin_modules=("rltool.engines.hf", "rltool.engines.openai_server", "rltool.engines.vllm"),
 )
 
 

@@ -81,7 +81,7 @@ class RolloutWorker:
             groups = loop.generate_groups(
                 [r.task for r in batch], first.n, [r.group_id for r in batch], first.sampling
             )
-            metrics = loop.pop_metrics()
+            metrics = loop.pop_metrics() | self.engine.pop_metrics()
         except Exception as exc:  # a loop's bug or environment failure: outcomes, not a crash
             return self._failed(batch, f"{loop.name}: {type(exc).__name__}: {exc}", t0)
         if len(groups) != len(batch):

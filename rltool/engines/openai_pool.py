@@ -1,0 +1,191 @@
+"""A pool of OpenAI-compatible servers: requests spread over them, bounded, retried elsewhere.
+
+Each request goes to the live server with the fewest requests in flight; one that fails
+(connection refused or reset, timeout, a 5xx answer) is retried on another server and
+counted. A 4xx answer is the request's own fault and is raised at once. Design:
+docs/engines.md#the-openai-server-engine
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+class ServersDown(ConnectionError):
+    """No server answered a request; the message names every server tried and why."""
+
+
+@dataclass(slots=True)
+class _Server:
+    url: str  # base URL without a trailing slash, e.g. http://127.0.0.1:8000/v1
+    root: str  # the URL without its /v1 (vLLM's /collective_rpc lives there)
+    in_flight: int = 0
+    failed: bool = False  # its last request failed: chosen only when no other is left
+    out: bool = False  # missed a weight update: never chosen again (its weights are old)
+    answered: int = 0  # requests it answered (for tests and the benchmark)
+
+
+def check_server_urls(urls: Sequence[str]) -> list[str]:
+    """The URLs without trailing slashes; a ValueError naming ``rollout.servers`` if one is
+    not an http(s) URL or the list is empty."""
+    if not urls:
+        raise ValueError(
+            "rollout.servers is empty: rollout.engine openai_server needs at least one "
+            "server URL, e.g. rollout.servers=[http://127.0.0.1:8000/v1]"
+        )
+    out = []
+    for i, u in enumerate(urls):
+        if not isinstance(u, str) or not u.startswith(("http://", "https://")):
+            raise ValueError(f"rollout.servers[{i}] = {u!r}: must be an http:// or https:// URL")
+        out.append(u.rstrip("/"))
+    if len(set(out)) != len(out):
+        raise ValueError(f"rollout.servers lists a server twice: {out}")
+    return out
+
+
+@dataclass
+class ServerPool:
+    """The servers of one engine; thread-safe. ``post_spread`` fans requests out,
+    ``post_each`` sends one request to every server (weight updates)."""
+
+    urls: Sequence[str]
+    timeout_s: float = 600.0
+    retries: int = 2
+    concurrency: int = 8
+    api_key: str | None = None
+    _servers: list[_Server] = field(init=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _retried: int = field(init=False, default=0)
+    _dropped: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        urls = check_server_urls(self.urls)
+        self._servers = [_Server(u, u.removesuffix("/v1")) for u in urls]
+        headers = {} if self.api_key is None else {"Authorization": f"Bearer {self.api_key}"}
+        total = len(urls) * self.concurrency
+        self._client = httpx.Client(
+            timeout=self.timeout_s,
+            headers=headers,
+            limits=httpx.Limits(max_connections=total, max_keepalive_connections=total),
+        )
+        self._executor = ThreadPoolExecutor(total, thread_name_prefix="rltool-openai")
+
+    @property
+    def answered(self) -> dict[str, int]:
+        """Requests answered per server URL."""
+        return {s.url: s.answered for s in self._servers}
+
+    @property
+    def live(self) -> list[str]:
+        """URLs of the servers still in the pool."""
+        return [s.url for s in self._servers if not s.out]
+
+    def pop_counts(self) -> tuple[int, int]:
+        """(requests retried on another server, servers dropped) since the last call."""
+        with self._lock:
+            counts = (self._retried, self._dropped)
+            self._retried = self._dropped = 0
+        return counts
+
+    def post_spread(self, path: str, bodies: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """POST each body to ``<server url><path>``, spread over the servers, at most
+        ``concurrency`` in flight per server; the JSON answers, in order."""
+        futures = [self._executor.submit(self._post_retrying, path, b) for b in bodies]
+        return [f.result() for f in futures]
+
+    def post_each(self, path: str, body: dict[str, Any], root: bool = False) -> list[Any]:
+        """POST ``body`` to every server still in the pool (at its root URL when ``root``);
+        the JSON answers (None for an empty one). A server that does not answer (down,
+        5xx) is dropped from the pool for good and counted; a 4xx answer raises (the server
+        lacks what rltool asks of it); no server left raises ``ServersDown``."""
+        out, why = [], []
+        for s in [s for s in self._servers if not s.out]:
+            url = (s.root if root else s.url) + path
+            try:
+                r = self._client.post(url, json=body)
+            except httpx.HTTPError as exc:
+                r, reason = None, f"{type(exc).__name__}: {exc}"
+            if r is not None and 400 <= r.status_code < 500:
+                raise RuntimeError(
+                    f"openai_server: {url} refused {body.get('method', path)!r} "
+                    f"({r.status_code}): {r.text[:500]}. A vLLM server needs "
+                    "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                    "rltool.engines.vllm_worker.RltoolWorkerExtension (docs/engines.md)"
+                )
+            if r is not None and r.status_code < 400:
+                out.append(r.json() if r.content else None)
+                continue
+            why.append(f"{s.url} ({path}: {reason if r is None else f'HTTP {r.status_code}'})")
+            with self._lock:
+                s.out = True
+                self._dropped += 1
+        if not out:
+            raise ServersDown(f"openai_server: no server left in rollout.servers: {'; '.join(why)}")
+        return out
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+    def _pick(self, tried: set[int]) -> int:
+        with self._lock:
+            live = [i for i, s in enumerate(self._servers) if not s.out]
+            if not live:
+                raise ServersDown("openai_server: every server of rollout.servers was dropped")
+            left = [i for i in live if i not in tried] or live
+            best = min(left, key=lambda i: (self._servers[i].failed, self._servers[i].in_flight))
+            self._servers[best].in_flight += 1
+            return best
+
+    def _done(self, i: int, ok: bool) -> None:
+        with self._lock:
+            s = self._servers[i]
+            s.in_flight -= 1
+            s.failed = not ok
+            s.answered += ok
+
+    def _post_retrying(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        tried: set[int] = set()
+        why: list[str] = []
+        for attempt in range(1 + self.retries):
+            if attempt > 0:
+                with self._lock:
+                    self._retried += 1
+            i = self._pick(tried)
+            tried.add(i)
+            url = self._servers[i].url + path
+            ok, answer = _post_once(self._client.post, url, body)
+            self._done(i, ok)
+            if ok:
+                return answer
+            why.append(f"{url} ({answer})")
+        raise ServersDown(
+            f"openai_server: no server answered a request after {1 + self.retries} "
+            f"attempts (rollout.server.retries = {self.retries}): {'; '.join(why)}. "
+            "Check that the servers in rollout.servers are running and reachable."
+        )
+
+
+def _post_once(post: Callable[..., httpx.Response], url: str, body: dict[str, Any]) -> tuple:
+    """(True, JSON) or (False, why) for a failure another server may not have; raises
+    ValueError for a 4xx answer (the request itself is wrong: every server would refuse)."""
+    try:
+        r = post(url, json=body)
+    except httpx.HTTPError as exc:  # refused, reset, timed out: the server, not the request
+        return False, f"{type(exc).__name__}: {exc}"
+    if 400 <= r.status_code < 500:
+        raise ValueError(
+            f"openai_server: {url} refused the request ({r.status_code}): {r.text[:500]}"
+        )
+    if r.status_code >= 500:
+        return False, f"HTTP {r.status_code}: {r.text[:200]}"
+    try:
+        return True, r.json()
+    except ValueError:
+        return False, f"an answer that is not JSON: {r.text[:200]!r}"
