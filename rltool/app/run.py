@@ -27,6 +27,7 @@ from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import ensure_builtin_models
 from rltool.engines.registry import check_engine_name
+from rltool.lora import AdapterFreeReference, apply_lora, load_checkpoint_weights, require_peft
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.filters import GROUP_FILTERS
@@ -107,6 +108,18 @@ def check_recipe(recipe: RecipeConfig) -> None:
     check_engine_name(recipe.rollout.engine)
     check_preflight(task_specs(recipe))  # loops' programs and packages, data files and fields
     check_trackers(recipe.logging)  # logging.trackers: known, their packages installed
+    if recipe.model.lora.enabled:
+        check_lora_recipe(recipe)
+
+
+def check_lora_recipe(recipe: RecipeConfig) -> None:
+    """``model.lora``: peft installed; no warm-start moments (they are the full model's)."""
+    require_peft()
+    if recipe.optimizer.init_from_checkpoint:
+        raise ValueError(
+            "optimizer.init_from_checkpoint: the moments shipped beside model.path are for "
+            "the full model, not LoRA adapters; set it to false with model.lora.enabled"
+        )
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
@@ -117,6 +130,8 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
     seed_everything(recipe.trainer.seed)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
+    if recipe.model.lora.enabled:  # only the adapters train (rltool/lora.py)
+        model = apply_lora(model, recipe.model.lora)
     sampler = TaskSampler(
         specs,
         {name: rows[0] for name, rows in data.items()},
@@ -135,7 +150,9 @@ def _build_updater(recipe: RecipeConfig, model: Any) -> PolicyUpdater:
     optimizer = build_optimizer(model, recipe.optimizer, init_dir=_optimizer_init(recipe))
     scheduler = build_scheduler(optimizer, recipe.optimizer, total_steps=recipe.trainer.steps)
     ref_model = None
-    if recipe.algorithm.kl_coef > 0:
+    if recipe.algorithm.kl_coef > 0 and recipe.model.lora.enabled:
+        ref_model = AdapterFreeReference(model)  # the base: the policy with adapters off
+    elif recipe.algorithm.kl_coef > 0:
         ref_model, _, _ = load_model_and_tokenizer(recipe.model)
         ref_model.eval().requires_grad_(False)
     return PolicyUpdater(
@@ -191,10 +208,9 @@ def trainer_state(run: Run, metrics_lines: int) -> TrainerState:
 def resume(run: Run, run_dir: Path) -> Resumable:
     """Load the newest complete, loadable checkpoint of ``run_dir`` into ``run``; newer
     damaged ones are skipped and listed (``Resumable.skipped``)."""
-    from safetensors.torch import load_model
 
-    def load_weights(ckpt: Path) -> None:  # strict: every weight restored
-        load_model(run.model, str(ckpt / "model.safetensors"))
+    def load_weights(ckpt: Path) -> None:  # strict: every weight (or adapter) restored
+        load_checkpoint_weights(run.model, ckpt)
 
     found = open_checkpoint(run_dir, load_weights)
     state = found.state
