@@ -159,14 +159,15 @@ def load_adapter_weights(model: torch.nn.Module, ckpt: Path) -> None:
         )
     weights = load_file(str(path))
     expected = {k for k in model.state_dict() if ".lora_" in k}
-    result = set_peft_model_state_dict(model, weights)
+    mismatch = f"{path}: the adapters do not match model.lora (rank, target_modules)"
+    try:
+        result = set_peft_model_state_dict(model, weights)
+    except RuntimeError as exc:  # a tensor of another shape (another rank)
+        raise ValueError(f"{mismatch}: {str(exc).splitlines()[-1].strip()}") from exc
     unexpected = list(result.unexpected_keys)
     missing = sorted(k for k in result.missing_keys if k in expected)
     if unexpected or missing:
-        raise ValueError(
-            f"{path}: the adapters do not match model.lora (rank, target_modules): "
-            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+        raise ValueError(f"{mismatch}: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def load_checkpoint_weights(model: torch.nn.Module, ckpt: Path) -> None:
