@@ -113,6 +113,10 @@ def test_checkpoint_resume_and_merged_export(tiny_checkpoint, tmp_path):
     assert "resumed from" in resumed.output
     assert (run_dir / "checkpoints" / "step_000003" / ADAPTER_WEIGHTS).is_file()
 
+    evaluated = _cli(["eval", str(run_dir), "data.eval_limit=2", "--format", "json"])
+    assert evaluated.exit_code == 0, evaluated.output  # the adapters load for rltool eval
+    assert json.loads(evaluated.output[evaluated.output.index("{") :])["step"] == 3
+
     out = tmp_path / "merged"
     exported = _cli(["export", str(run_dir), str(out)])
     assert exported.exit_code == 0, exported.output
