@@ -11,6 +11,7 @@ changed). The KL reference is the same model with its adapters switched off
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,12 @@ def require_peft() -> Any:
 
 
 def is_lora(model: Any) -> bool:
-    """Whether ``model`` is a peft-wrapped policy (only checked when peft is installed)."""
-    try:
-        from peft import PeftModel
-    except ImportError:
+    """Whether ``model`` is a peft-wrapped policy (peft is not imported to find out: a run
+    that never imported it has no peft model)."""
+    if "peft" not in sys.modules:
         return False
+    from peft import PeftModel
+
     return isinstance(model, PeftModel)
 
 
@@ -48,8 +50,9 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     """``model`` wrapped in fresh adapters (B = 0, so it computes what it did); every base
     weight frozen, only the adapters train. ``model`` itself gets the adapter layers."""
     peft = require_peft()
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    missing = [t for t in cfg.target_modules if t not in names]
+    names = [n for n, _ in model.named_modules()]
+    # peft's rule: a target names a module whose path is it or ends with "." + it
+    missing = [t for t in cfg.target_modules if not any(_matches(n, t) for n in names)]
     if not cfg.target_modules or missing:
         raise ValueError(
             f"model.lora.target_modules: {missing or '[]'} name no module of the model; its "
@@ -63,6 +66,10 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     return peft.get_peft_model(model, config)
+
+
+def _matches(module_path: str, target: str) -> bool:
+    return module_path == target or module_path.endswith("." + target)
 
 
 def _linear_names(model: torch.nn.Module) -> set[str]:

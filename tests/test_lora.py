@@ -133,6 +133,12 @@ def test_checkpoint_mismatches_are_named(tmp_path):
         load_checkpoint_weights(_lora_policy(), tmp_path / "full")
 
 
+def test_target_modules_match_as_peft_does():
+    by_path = apply_lora(random_qwen2(VOCAB), LoraConfig(target_modules=["self_attn.q_proj"]))
+    trainable = {n for n, p in by_path.named_parameters() if p.requires_grad}
+    assert len(trainable) == 2 * 2 and all("q_proj" in n for n in trainable)
+
+
 def test_unknown_target_module_lists_the_linear_layers():
     with pytest.raises(ValueError, match=r"model\.lora\.target_modules: \['qkv'\].*'q_proj'"):
         apply_lora(random_qwen2(VOCAB), LoraConfig(target_modules=["q_proj", "qkv"]))
