@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import builtins
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 from tiny_models import random_qwen2
 
+from rltool.config.loader import load_recipe
 from rltool.config.schema import LoraConfig, OptimizerConfig
 from rltool.lora import (
     ADAPTER_WEIGHTS,
@@ -142,6 +144,18 @@ def test_target_modules_match_as_peft_does():
 def test_unknown_target_module_lists_the_linear_layers():
     with pytest.raises(ValueError, match=r"model\.lora\.target_modules: \['qkv'\].*'q_proj'"):
         apply_lora(random_qwen2(VOCAB), LoraConfig(target_modules=["q_proj", "qkv"]))
+
+
+def test_lora_ranges_are_checked_when_the_recipe_loads():
+    recipe = Path(__file__).parents[1] / "recipes" / "gsm8k_tiny_lora.yaml"
+    with pytest.raises(ValueError) as info:
+        load_recipe(recipe, ["model.lora.rank=0", "model.lora.dropout=1", "model.lora.alpha=0"])
+    for line in (
+        "model.lora.rank = 0: must be >= 1",
+        "model.lora.alpha = 0: must be > 0",
+        "model.lora.dropout = 1: must be in [0, 1)",
+    ):
+        assert line in str(info.value)
 
 
 def test_missing_peft_names_the_extra(monkeypatch):
