@@ -18,6 +18,7 @@ from rltool.app.checkpoint import NoCheckpointError, open_checkpoint, verify_che
 from rltool.app.run import Run, build_run
 from rltool.config.loader import RUN_CONFIG, load_recipe, resume_recipe
 from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.lora import load_checkpoint_weights
 from rltool.produce.backend import GroupOutcome, GroupRequest
 from rltool.rollout.failures import failure_reason
 from rltool.rollout.pass_at_k import mean_pass_at_k
@@ -159,10 +160,9 @@ def load_weights(
     """Load the checkpoint into the model and the rollout backend: ``checkpoint`` when given,
     else the run's newest complete one, else (a recipe) keep ``model.path``.
     Returns (weights shown, step, skipped newer checkpoints)."""
-    from safetensors.torch import load_model
 
-    def load(ckpt: Path) -> None:  # strict: every weight restored
-        load_model(run.model, str(ckpt / "model.safetensors"))
+    def load(ckpt: Path) -> None:  # strict: every weight (or adapter) restored
+        load_checkpoint_weights(run.model, ckpt)
 
     if checkpoint is not None:
         reason = verify_checkpoint(checkpoint)

@@ -35,6 +35,7 @@ from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.demo.model import ensure_builtin_models
 from rltool.engines.registry import check_engine_name
+from rltool.lora import AdapterFreeReference, apply_lora, require_peft
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.filters import GROUP_FILTERS
@@ -139,6 +140,24 @@ def check_recipe(recipe: RecipeConfig) -> None:
     check_preflight(task_specs(recipe))  # loops' programs and packages, data files and fields
     check_trackers(recipe.logging)  # logging.trackers: known, their packages installed
     check_distributed(recipe.distributed)
+    if recipe.model.lora.enabled:
+        check_lora_recipe(recipe)
+
+
+def check_lora_recipe(recipe: RecipeConfig) -> None:
+    """``model.lora``: peft installed; no warm-start moments (they are the full model's)."""
+    require_peft()
+    if recipe.optimizer.init_from_checkpoint:
+        raise ValueError(
+            "optimizer.init_from_checkpoint: the moments shipped beside model.path are for "
+            "the full model, not LoRA adapters; set it to false with model.lora.enabled"
+        )
+    dist = recipe.distributed
+    if dist.nproc_per_node * dist.nnodes > 1:
+        raise ValueError(
+            "model.lora.enabled: LoRA trains in one process for now; set "
+            "distributed.nproc_per_node=1 and distributed.nnodes=1 (or turn LoRA off)"
+        )
 
 
 def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
@@ -151,6 +170,8 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     ready(shard)  # the other ranks load the model once it is built
     seed_everything(recipe.trainer.seed)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
+    if recipe.model.lora.enabled:  # only the adapters train (rltool/lora.py)
+        model = apply_lora(model, recipe.model.lora)
     rollout_model = None
     if shard is not None:  # generation keeps a full copy; the trainer's is sharded
         rollout_model = model.requires_grad_(False)
@@ -185,7 +206,9 @@ def build_updater(recipe: RecipeConfig, model: Any, shard: Shard | None = None) 
         load_full_moments(model, optimizer, init_dir / OPTIMIZER_FILE)
     scheduler = build_scheduler(optimizer, recipe.optimizer, total_steps=recipe.trainer.steps)
     ref_model = None
-    if recipe.algorithm.kl_coef > 0:
+    if recipe.algorithm.kl_coef > 0 and recipe.model.lora.enabled:
+        ref_model = AdapterFreeReference(model)  # the base: the policy with adapters off
+    elif recipe.algorithm.kl_coef > 0:
         ref_model, _, _ = load_model_and_tokenizer(recipe.model)
         ref_model = trainer_model(ref_model.eval().requires_grad_(False), recipe, shard)
     return PolicyUpdater(

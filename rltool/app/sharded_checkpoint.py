@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rltool.app.checkpoint import load_trainer_state
+from rltool.lora import load_checkpoint_weights
 from rltool.training.sharding import Shard
 
 SHARDED_DIR = "sharded"
@@ -83,10 +84,10 @@ def _restore_single(
     ckpt: Path, model: Any, optimizer: Any, optim_state: dict, shard: Shard | None
 ) -> None:
     """A one-process checkpoint (``model.safetensors`` and a plain optimizer state)."""
-    from safetensors.torch import load_file, load_model
+    from safetensors.torch import load_file
 
-    if shard is None:
-        load_model(model, str(ckpt / "model.safetensors"))
+    if shard is None:  # adapters for a LoRA model, else every weight (strict)
+        load_checkpoint_weights(model, ckpt)
         optimizer.load_state_dict(optim_state)
         return
     full = load_file(str(ckpt / "model.safetensors"))

@@ -76,6 +76,9 @@ _SAMPLING = {
 }
 
 RANGES: dict[str, Range] = {
+    "model.lora.rank": at_least(1),
+    "model.lora.alpha": above(0),
+    "model.lora.dropout": Range(low=0, high=1, high_open=True),
     "rollout.batch_size": at_least(1),
     "rollout.num_workers": at_least(1),
     "rollout.worker_threads": at_least(1),

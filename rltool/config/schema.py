@@ -13,11 +13,29 @@ from typing import Any
 
 
 @dataclass
+class LoraConfig:
+    """``model.lora``: train low-rank adapters (peft) instead of the whole policy."""
+
+    enabled: bool = False
+    rank: int = 16  # r
+    alpha: float = 32.0  # the update is scaled by alpha / rank
+    dropout: float = 0.0
+    # module names to adapt (peft's target_modules); the default is every linear layer
+    # of a Llama/Qwen decoder (not the LM head)
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        ]
+    )  # fmt: skip
+
+
+@dataclass
 class ModelConfig:
     path: str = "builtin:tiny-gsm8k"  # a local HF checkpoint dir, or builtin:<name>
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     attn_implementation: str = "sdpa"
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

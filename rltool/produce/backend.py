@@ -53,6 +53,8 @@ class WorkerDeath:
 class RolloutBackend(ABC):
     """Generates groups with the current rollout weights."""
 
+    shares_model = False  # True: generates with the trainer's own model object (no copy)
+
     @abstractmethod
     def submit(self, requests: Sequence[GroupRequest]) -> None:
         """Queue requests; returns at once."""

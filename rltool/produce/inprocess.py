@@ -6,7 +6,6 @@ thread. Design: docs/production.md#the-in-process-backend
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.lora import engine_model, merged_copy
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.worker import RolloutWorker
 
@@ -31,8 +31,10 @@ class InProcessBackend(RolloutBackend):
         self.concurrent = recipe.produce.mode == "async"
         # sync shares the trainer's model; async generates on its own copy
         self.shares_model = model is not None and not self.concurrent
-        if model is not None and self.concurrent:
-            model = copy.deepcopy(model).requires_grad_(False)
+        if model is not None and self.concurrent:  # LoRA: the adapters merged into the copy
+            model = merged_copy(model).requires_grad_(False)
+        elif model is not None:  # LoRA: the base model with its live adapter layers
+            model = engine_model(model)
         self.worker = RolloutWorker(recipe, model=model, tokenizer=tokenizer, name="inprocess")
         self._queued: list[GroupRequest] = []  # sync: submitted, generated at collect
         self._jobs: dict[Future, list[GroupRequest]] = {}  # async: one future per submit

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.lora import rollout_state_dict
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
 from rltool.produce.filters import GROUP_FILTERS, apply_group_filter, oversample
@@ -134,7 +135,11 @@ class Producer:
         """After a train step: hand the weights over every ``sync_interval`` steps (every
         step in sync mode, where generation must be on-policy)."""
         if force or not self.concurrent or train_step % self.sync_interval == 0:
-            self.backend.update_weights(model.state_dict(), train_step)
+            # a LoRA policy's adapters merged in, under the base names (rltool/lora.py);
+            # a backend sharing the model object reads nothing from the state dict
+            shared = self.backend.shares_model
+            weights = model.state_dict() if shared else rollout_state_dict(model)
+            self.backend.update_weights(weights, train_step)
 
     def generation_overlap(self, start: float, end: float) -> float:
         """Seconds of [start, end] (``time.time()``, the training of a step) during which
