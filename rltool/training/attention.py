@@ -1,0 +1,186 @@
+"""Attention over packed rows without an [N, N] mask: the kernel each row trains with.
+
+Shape legend: N = positions of a row, H = attention heads, D = head size.
+
+Conversion picks the kernel (``choose_kernels``, recorded on every ``Pack``) and
+``logprobs.packed_logits`` runs it. Kernels (docs/attention.md says why):
+
+- ``sdpa-varlen``: plain rows; SDPA once per sample with ``is_causal`` (the fused
+  kernel, memory linear in N), through the ``rltool_segments`` attention function;
+- ``sdpa-tree``: shared-prefix rows on the CPU; each prefix causally alone, each
+  branch causally after a copy of its prefix (the prefix's recomputed outputs dropped);
+- ``flash-varlen``: plain rows with ``model.attn_implementation`` flash_attention_*:
+  transformers' variable-length kernel, told the samples by ``cu_seq_lens``;
+- ``flex-block``: shared-prefix rows on CUDA: ``flex_attention`` with a ``BlockMask``;
+- ``native`` / ``dense``: eager attention, whose scores are [N, N] anyway: plain rows
+  with transformers' own mask, shared rows with the explicit mask (``attention_allowed``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    AttentionMaskInterface,
+    sdpa_mask,
+)
+
+from rltool.training.batch import Pack, SharedPack
+
+SDPA_VARLEN, SDPA_TREE = "sdpa-varlen", "sdpa-tree"
+FLASH_VARLEN, FLEX_BLOCK = "flash-varlen", "flex-block"
+NATIVE, DENSE = "native", "dense"
+KERNELS = (SDPA_VARLEN, SDPA_TREE, FLASH_VARLEN, FLEX_BLOCK, NATIVE, DENSE)
+SEGMENTED = (SDPA_VARLEN, SDPA_TREE)  # run by the rltool_segments attention function
+
+SEGMENTS_IMPL = "rltool_segments"  # the name registered with transformers
+SEGMENTS_KWARG = "rltool_segments"  # the forward keyword that carries a row's Segments
+
+
+def choose_kernels(attn_implementation: str, device: str) -> tuple[str, str | None]:
+    """(kernel of plain rows, kernel of shared-prefix rows or None: no sharing) for a model
+    with ``attn_implementation`` on ``device`` ("cpu", "cuda", "cuda:N")."""
+    cuda = device.startswith("cuda")
+    if attn_implementation == "eager":
+        return NATIVE, DENSE
+    if attn_implementation.startswith("flash_attention"):
+        return FLASH_VARLEN, FLEX_BLOCK if cuda else None
+    if attn_implementation in ("sdpa", "flex_attention"):
+        return SDPA_VARLEN, FLEX_BLOCK if cuda else SDPA_TREE
+    raise ValueError(
+        f"model.attn_implementation {attn_implementation!r}: packed rows train with sdpa, "
+        "eager, flash_attention_2/3 or flex_attention"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A row's attention as independent causal pieces (host ints, computed once per forward)."""
+
+    causal: tuple[tuple[int, int], ...]  # [start, end): attends causally to itself alone
+    # (prefix start, prefix end, branch start, branch end): the branch attends causally to
+    # its tree's prefix followed by itself
+    branches: tuple[tuple[int, int, int, int], ...] = ()
+
+
+def segments_of(pack: Pack) -> Segments:
+    """The pieces of a plain row (its samples) or a shared row (prefixes and branches)."""
+    if not isinstance(pack, SharedPack):
+        cu = pack.cu_seq_lens.tolist()
+        return Segments(tuple((a, e) for a, e in pairwise(cu) if e > a))
+    key = torch.stack([pack.tree_ids, pack.branch_ids], 1)  # [N, 2]
+    change = (key[1:] != key[:-1]).any(1).nonzero().flatten() + 1
+    starts = [0, *change.tolist()]
+    ends = [*starts[1:], len(pack)]
+    tree, branch = pack.tree_ids[starts].tolist(), pack.branch_ids[starts].tolist()
+    prefix_of: dict[int, tuple[int, int]] = {}
+    causal, branches = [], []
+    for a, e, t, b in zip(starts, ends, tree, branch, strict=True):
+        if b == 0:
+            prefix_of[t] = (a, e)
+            causal.append((a, e))
+        elif t in prefix_of:
+            branches.append((*prefix_of[t], a, e))
+        else:
+            causal.append((a, e))
+    return Segments(tuple(causal), tuple(branches))
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, p: float):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scale)
+
+
+def segment_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [1, H_kv, N, D]
+    value: torch.Tensor,  # [1, H_kv, N, D]
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The attention function registered as ``rltool_segments``: SDPA per piece of the
+    row's ``Segments`` (keyword ``rltool_segments``); plain transformers SDPA without one."""
+    seg: Segments | None = kwargs.pop(SEGMENTS_KWARG, None)
+    if seg is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("sliding-window attention layers: set model.attn_implementation eager")
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)  # [1, H, N, D]
+    pieces: list[tuple[int, torch.Tensor]] = []
+    for a, e in seg.causal:
+        pieces.append(
+            (a, _causal(query[:, :, a:e], key[:, :, a:e], value[:, :, a:e], scaling, dropout))
+        )
+    for p0, p1, b0, b1 in seg.branches:
+        q = torch.cat([query[:, :, p0:p1], query[:, :, b0:b1]], 2)  # [1, H, P + B, D]
+        k = torch.cat([key[:, :, p0:p1], key[:, :, b0:b1]], 2)
+        v = torch.cat([value[:, :, p0:p1], value[:, :, b0:b1]], 2)
+        pieces.append((b0, _causal(q, k, v, scaling, dropout)[:, :, p1 - p0 :]))  # branch rows
+    pieces.sort(key=lambda piece: piece[0])
+    out = torch.cat([t for _, t in pieces], 2)  # [1, H, N, D]
+    return out.transpose(1, 2).contiguous(), None  # [1, N, H, D]
+
+
+_local = threading.local()  # inside a segmented forward of this thread: no mask is built
+
+
+def _segments_mask(*args, **kwargs) -> torch.Tensor | None:
+    """The mask function of ``rltool_segments``: none inside a segmented forward; sdpa's
+    otherwise (another thread generating with the same model object)."""
+    return None if getattr(_local, "segmented", False) else sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(SEGMENTS_IMPL, segment_attention)
+AttentionMaskInterface.register(SEGMENTS_IMPL, _segments_mask)
+assert SEGMENTS_IMPL in ALL_MASK_ATTENTION_FUNCTIONS
+
+
+@contextmanager
+def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
+    """Run the model's forwards with attention ``name`` (None: unchanged), then restore."""
+    config = getattr(model, "config", None)
+    if name is None or config is None:
+        yield
+        return
+    before = config._attn_implementation
+    config._attn_implementation = name
+    _local.segmented = name == SEGMENTS_IMPL
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        _local.segmented = False
+
+
+def tree_mask_mod(tree_ids: torch.Tensor, branch_ids: torch.Tensor):
+    """flex_attention's mask_mod of a shared row: causal, own tree, prefix or own branch."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same_tree = tree_ids[q_idx] == tree_ids[kv_idx]
+        visible = (branch_ids[kv_idx] == 0) | (branch_ids[kv_idx] == branch_ids[q_idx])
+        return (kv_idx <= q_idx) & same_tree & visible
+
+    return mask_mod
+
+
+def flex_block_mask(pack: SharedPack, device: torch.device):
+    """The block-sparse mask of a shared row (flex_attention; built in blocks of 128)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    n = len(pack)
+    mod = tree_mask_mod(pack.tree_ids.to(device), pack.branch_ids.to(device))
+    return create_block_mask(mod, None, None, n, n, device=device)
