@@ -41,6 +41,14 @@ FLASH_VARLEN, FLEX_BLOCK = "flash-varlen", "flex-block"
 NATIVE, DENSE = "native", "dense"
 KERNELS = (SDPA_VARLEN, SDPA_TREE, FLASH_VARLEN, FLEX_BLOCK, NATIVE, DENSE)
 SEGMENTED = (SDPA_VARLEN, SDPA_TREE)  # run by the rltool_segments attention function
+KERNEL_NOTES = {  # one line each, for inspect-batch
+    SDPA_VARLEN: "SDPA per sample, is_causal, no [N, N] mask",
+    SDPA_TREE: "SDPA per shared prefix and per branch after it, no [N, N] mask",
+    FLASH_VARLEN: "flash attention, variable length by cu_seq_lens, no [N, N] mask",
+    FLEX_BLOCK: "flex_attention with a block-sparse BlockMask, no [N, N] mask",
+    NATIVE: "eager attention, transformers' [N, N] mask from the restarting position_ids",
+    DENSE: "eager attention with the explicit [N, N] tree mask",
+}
 
 SEGMENTS_IMPL = "rltool_segments"  # the name registered with transformers
 SEGMENTS_KWARG = "rltool_segments"  # the forward keyword that carries a row's Segments
