@@ -5,8 +5,8 @@ Shape legend: N = positions of a row, H = attention heads, D = head size.
 Conversion picks the kernel (``choose_kernels``, recorded on every ``Pack``) and
 ``logprobs.packed_logits`` runs it. Kernels (docs/attention.md says why):
 
-- ``sdpa-varlen``: plain rows; SDPA once per sample with ``is_causal`` (the fused
-  kernel, memory linear in N), through the ``rltool_segments`` attention function;
+- ``sdpa-varlen``: plain rows; causal SDPA per sample (the fused kernel, memory linear
+  in N; samples of similar length batched), the ``rltool_segments`` attention function;
 - ``sdpa-tree``: shared-prefix rows on the CPU; each prefix causally alone, each
   branch causally after a copy of its prefix (the prefix's recomputed outputs dropped);
 - ``flash-varlen``: plain rows with ``model.attn_implementation`` flash_attention_*:
@@ -42,7 +42,7 @@ NATIVE, DENSE = "native", "dense"
 KERNELS = (SDPA_VARLEN, SDPA_TREE, FLASH_VARLEN, FLEX_BLOCK, NATIVE, DENSE)
 SEGMENTED = (SDPA_VARLEN, SDPA_TREE)  # run by the rltool_segments attention function
 KERNEL_NOTES = {  # one line each, for inspect-batch
-    SDPA_VARLEN: "SDPA per sample, is_causal, no [N, N] mask",
+    SDPA_VARLEN: "causal SDPA per sample, no [N, N] mask",
     SDPA_TREE: "SDPA per shared prefix and per branch after it, no [N, N] mask",
     FLASH_VARLEN: "flash attention, variable length by cu_seq_lens, no [N, N] mask",
     FLEX_BLOCK: "flex_attention with a block-sparse BlockMask, no [N, N] mask",
@@ -70,41 +70,65 @@ def choose_kernels(attn_implementation: str, device: str) -> tuple[str, str | No
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Segments:
-    """A row's attention as independent causal pieces (host ints, computed once per forward)."""
-
-    causal: tuple[tuple[int, int], ...]  # [start, end): attends causally to itself alone
-    # (prefix start, prefix end, branch start, branch end): the branch attends causally to
-    # its tree's prefix followed by itself
-    branches: tuple[tuple[int, int, int, int], ...] = ()
+Piece = tuple[int, int, int, int]  # (prefix start, prefix end, start, end); no prefix: a, a
 
 
-def segments_of(pack: Pack) -> Segments:
-    """The pieces of a plain row (its samples) or a shared row (prefixes and branches)."""
+def pieces_of(pack: Pack) -> list[Piece]:
+    """The row as independent causal pieces: positions [start, end) attend causally to
+    the prefix [prefix start, prefix end) followed by themselves. A plain row: its samples;
+    a shared row: each tree's prefix, then each branch after its prefix."""
     if not isinstance(pack, SharedPack):
-        cu = pack.cu_seq_lens.tolist()
-        return Segments(tuple((a, e) for a, e in pairwise(cu) if e > a))
+        return [(a, a, a, e) for a, e in pairwise(pack.cu_seq_lens.tolist()) if e > a]
     key = torch.stack([pack.tree_ids, pack.branch_ids], 1)  # [N, 2]
     change = (key[1:] != key[:-1]).any(1).nonzero().flatten() + 1
     starts = [0, *change.tolist()]
     ends = [*starts[1:], len(pack)]
     tree, branch = pack.tree_ids[starts].tolist(), pack.branch_ids[starts].tolist()
     prefix_of: dict[int, tuple[int, int]] = {}
-    causal, branches = [], []
+    out: list[Piece] = []
     for a, e, t, b in zip(starts, ends, tree, branch, strict=True):
         if b == 0:
             prefix_of[t] = (a, e)
-            causal.append((a, e))
-        elif t in prefix_of:
-            branches.append((*prefix_of[t], a, e))
-        else:
-            causal.append((a, e))
-    return Segments(tuple(causal), tuple(branches))
+        out.append((*prefix_of.get(t, (a, a)), a, e) if b else (a, a, a, e))
+    return out
 
 
-def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, p: float):
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scale)
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A row's pieces batched for SDPA: pieces of similar length (within 5:4) share a call,
+    each padded at its end (causal attention never reads a later key, and the padded
+    rows' outputs are dropped)."""
+
+    groups: tuple[torch.Tensor, ...]  # [G, L] long: row positions of each piece, padded
+    take: torch.Tensor  # [N] long: each row position's output in the groups' flat outputs
+
+
+def segments_of(pack: Pack, device: torch.device | str = "cpu") -> Segments:
+    pieces = pieces_of(pack)
+    size = [p1 - p0 + e - a for p0, p1, a, e in pieces]
+    order = sorted(range(len(pieces)), key=lambda i: -size[i])
+    take = torch.empty(len(pack), dtype=torch.long)  # [N]
+    groups: list[torch.Tensor] = []
+    base, i = 0, 0
+    while i < len(order):
+        length, members = size[order[i]], []
+        while i < len(order) and 5 * size[order[i]] >= 4 * length:
+            members.append(order[i])
+            i += 1
+        idx = torch.empty(len(members), length, dtype=torch.long)  # [G, L]
+        for r, j in enumerate(members):
+            p0, p1, a, e = pieces[j]
+            pos = torch.cat([torch.arange(p0, p1), torch.arange(a, e)])
+            idx[r, : pos.numel()], idx[r, pos.numel() :] = pos, e - 1
+            take[a:e] = base + r * length + (p1 - p0) + torch.arange(e - a)
+        groups.append(idx.to(device))
+        base += idx.numel()
+    return Segments(tuple(groups), take.to(device))
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[1, h, N, D] at the positions ``idx`` [G, L] -> [G, h, L, D]."""
+    return t[0][:, idx.flatten()].unflatten(1, idx.shape).transpose(0, 1)
 
 
 def segment_attention(
@@ -117,8 +141,8 @@ def segment_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """The attention function registered as ``rltool_segments``: SDPA per piece of the
-    row's ``Segments`` (keyword ``rltool_segments``); plain transformers SDPA without one."""
+    """The attention function registered as ``rltool_segments``: causal SDPA per group of
+    the row's ``Segments`` (keyword ``rltool_segments``); transformers' SDPA without one."""
     seg: Segments | None = kwargs.pop(SEGMENTS_KWARG, None)
     if seg is None:
         return sdpa_attention_forward(
@@ -126,21 +150,18 @@ def segment_attention(
         )
     if kwargs.get("sliding_window") is not None:
         raise ValueError("sliding-window attention layers: set model.attn_implementation eager")
-    n_rep = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)  # [1, H, N, D]
-    pieces: list[tuple[int, torch.Tensor]] = []
-    for a, e in seg.causal:
-        pieces.append(
-            (a, _causal(query[:, :, a:e], key[:, :, a:e], value[:, :, a:e], scaling, dropout))
+    heads, n_rep = query.shape[1], query.shape[1] // key.shape[1]
+    outs = []
+    for idx in seg.groups:
+        q = _gather(query, idx)  # [G, H, L, D]
+        k, v = repeat_kv(_gather(key, idx), n_rep), repeat_kv(_gather(value, idx), n_rep)
+        o = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling
         )
-    for p0, p1, b0, b1 in seg.branches:
-        q = torch.cat([query[:, :, p0:p1], query[:, :, b0:b1]], 2)  # [1, H, P + B, D]
-        k = torch.cat([key[:, :, p0:p1], key[:, :, b0:b1]], 2)
-        v = torch.cat([value[:, :, p0:p1], value[:, :, b0:b1]], 2)
-        pieces.append((b0, _causal(q, k, v, scaling, dropout)[:, :, p1 - p0 :]))  # branch rows
-    pieces.sort(key=lambda piece: piece[0])
-    out = torch.cat([t for _, t in pieces], 2)  # [1, H, N, D]
-    return out.transpose(1, 2).contiguous(), None  # [1, N, H, D]
+        outs.append(o.transpose(0, 1).flatten(1, 2))  # [H, G * L, D]
+    out = torch.cat(outs, 1)[:, seg.take]  # [H, N, D]
+    assert out.shape[0] == heads
+    return out.transpose(0, 1)[None].contiguous(), None  # [1, N, H, D]
 
 
 _local = threading.local()  # inside a segmented forward of this thread: no mask is built

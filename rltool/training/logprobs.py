@@ -76,7 +76,7 @@ def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
     device = model_device(model)
     mask, impl, extra = None, None, {}
     if pack.attention in SEGMENTED:  # SDPA per sample / per prefix and branch
-        impl, extra = SEGMENTS_IMPL, {SEGMENTS_KWARG: segments_of(pack)}
+        impl, extra = SEGMENTS_IMPL, {SEGMENTS_KWARG: segments_of(pack, device)}
     elif pack.attention == FLASH_VARLEN:  # transformers' variable-length flash kernel
         cu = pack.cu_seq_lens.to(device=device, dtype=torch.int32)
         extra = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}

@@ -19,8 +19,8 @@ from rltool.training.attention import (
     NATIVE,
     SDPA_TREE,
     SDPA_VARLEN,
-    Segments,
     choose_kernels,
+    pieces_of,
     segments_of,
     tree_mask_mod,
 )
@@ -140,22 +140,37 @@ def test_no_dense_mask_is_built() -> None:
     assert model.config._attn_implementation == "sdpa"  # restored after each forward
 
 
-def test_segments_worked_by_hand() -> None:
+def test_pieces_worked_by_hand() -> None:
     plain = grpo_rows()[0]
     cu = plain.cu_seq_lens.tolist()
-    assert segments_of(plain) == Segments(tuple(pairwise(cu)))
+    assert pieces_of(plain) == [(a, a, a, e) for a, e in pairwise(cu)]
     # prompt 6 with responses of 2, 4, 6 tokens: shifted lengths 7, 9, 11, a prefix of 5
     # positions and branches of 2, 4, 6; prompt 4: prefix 3, branches 2, 4, 6. The larger
     # tree (17 positions) comes first, the other (15) after it.
     row = share_prefixes(grpo_rows(), max_len=64).packs[0]
     assert len(row) == 32
-    assert segments_of(row) == Segments(
-        causal=((0, 5), (17, 20)),
-        branches=(
-            *((0, 5, 5, 7), (0, 5, 7, 11), (0, 5, 11, 17)),
-            *((17, 20, 20, 22), (17, 20, 22, 26), (17, 20, 26, 32)),
-        ),
-    )
+    assert pieces_of(row) == [
+        *((0, 0, 0, 5), (0, 5, 5, 7), (0, 5, 7, 11), (0, 5, 11, 17)),
+        *((17, 17, 17, 20), (17, 20, 20, 22), (17, 20, 22, 26), (17, 20, 26, 32)),
+    ]
+
+
+def test_segments_batch_similar_lengths_padded_at_the_end() -> None:
+    """Pieces (prefix + own positions) of 5, 7, 9, 11 keys (tree 0) and 3, 5, 7, 9 (tree 1):
+    calls of sizes within 5:4 of the longest, 11 9 9 | 7 7 | 5 5 | 3, each piece padded by
+    repeating its last position."""
+    row = share_prefixes(grpo_rows(), max_len=64).packs[0]
+    seg = segments_of(row)
+    assert [tuple(g.shape) for g in seg.groups] == [(3, 11), (2, 7), (2, 5), (1, 3)]
+    assert seg.groups[0].tolist() == [
+        [0, 1, 2, 3, 4, 11, 12, 13, 14, 15, 16],
+        [0, 1, 2, 3, 4, 7, 8, 9, 10, 10, 10],
+        [17, 18, 19, 26, 27, 28, 29, 30, 31, 31, 31],
+    ]
+    # every row position takes exactly one output, from a slot that holds it
+    flat = torch.cat([g.flatten() for g in seg.groups])
+    assert torch.equal(flat[seg.take], torch.arange(len(row)))
+    assert seg.take.unique().numel() == len(row)
 
 
 def test_flex_mask_mod_is_the_dense_mask() -> None:
