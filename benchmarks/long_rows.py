@@ -147,6 +147,9 @@ def main() -> None:
         f"{'largest MB':>10} {'/N*N*1':>7} {'/N*N*4':>7} | {'dense ms/tok':>12} "
         f"{'peak MB':>8} {'largest MB':>10} {'time x':>6} {'peak x':>6}"
     )
+    for warm_up in (False, True):  # first calls (allocator, kernels) out of the figures
+        packs = rows(512, warm_up)
+        measure(packs, 512), measure(dense(packs), 512)
     for shared in (False, True):
         layout = "shared" if shared else "plain"
         per = 2.5 if shared else 1.0  # positions the samples take in plain rows, per row one
