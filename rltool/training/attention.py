@@ -6,14 +6,16 @@ Conversion picks the kernel (``choose_kernels``, recorded on every ``Pack``) and
 ``logprobs.packed_logits`` runs it. Kernels (docs/attention.md says why):
 
 - ``sdpa-varlen``: plain rows; causal SDPA per sample (the fused kernel, memory linear
-  in N; samples of similar length batched), the ``rltool_segments`` attention function;
+  in N; samples of similar length batched): ``segment_attention``, registered as
+  transformers' ``sdpa`` (unchanged for a forward without ``Segments``);
 - ``sdpa-tree``: shared-prefix rows on the CPU; each prefix causally alone, each
   branch causally after a copy of its prefix (the prefix's recomputed outputs dropped);
 - ``flash-varlen``: plain rows with ``model.attn_implementation`` flash_attention_*:
   transformers' variable-length kernel, told the samples by ``cu_seq_lens``;
 - ``flex-block``: shared-prefix rows on CUDA: ``flex_attention`` with a ``BlockMask``;
-- ``native`` / ``dense``: eager attention, whose scores are [N, N] anyway: plain rows
-  with transformers' own mask, shared rows with the explicit mask (``attention_allowed``).
+- ``native``: transformers' own mask from the restarting positions (eager: [N, N], as its
+  scores; flex_attention: a BlockMask); ``dense``: eager with the explicit tree mask
+  (``attention_allowed``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 from transformers import AttentionInterface
+from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
@@ -50,7 +54,6 @@ KERNEL_NOTES = {  # one line each, for inspect-batch
     DENSE: "eager attention with the explicit [N, N] tree mask",
 }
 
-SEGMENTS_IMPL = "rltool_segments"  # the name registered with transformers
 SEGMENTS_KWARG = "rltool_segments"  # the forward keyword that carries a row's Segments
 
 
@@ -58,12 +61,14 @@ def choose_kernels(attn_implementation: str, device: str) -> tuple[str, str | No
     """(kernel of plain rows, kernel of shared-prefix rows or None: no sharing) for a model
     with ``attn_implementation`` on ``device`` ("cpu", "cuda", "cuda:N")."""
     cuda = device.startswith("cuda")
+    if attn_implementation == "sdpa":
+        return SDPA_VARLEN, FLEX_BLOCK if cuda else SDPA_TREE
     if attn_implementation == "eager":
         return NATIVE, DENSE
     if attn_implementation.startswith("flash_attention"):
-        return FLASH_VARLEN, FLEX_BLOCK if cuda else None
-    if attn_implementation in ("sdpa", "flex_attention"):
-        return SDPA_VARLEN, FLEX_BLOCK if cuda else SDPA_TREE
+        return FLASH_VARLEN, None
+    if attn_implementation == "flex_attention":  # transformers' BlockMask from the positions
+        return NATIVE, FLEX_BLOCK if cuda else None
     raise ValueError(
         f"model.attn_implementation {attn_implementation!r}: packed rows train with sdpa, "
         "eager, flash_attention_2/3 or flex_attention"
@@ -136,21 +141,26 @@ def segment_attention(
     query: torch.Tensor,  # [1, H, N, D]
     key: torch.Tensor,  # [1, H_kv, N, D]
     value: torch.Tensor,  # [1, H_kv, N, D]
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | BlockMask | None,
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """The attention function registered as ``rltool_segments``: causal SDPA per group of
-    the row's ``Segments`` (keyword ``rltool_segments``); transformers' SDPA without one."""
+    """transformers' ``sdpa`` attention, extended: a row's ``Segments`` (keyword
+    ``rltool_segments``) run as causal SDPA per group of pieces, a ``BlockMask`` runs
+    flex_attention, and anything else is transformers' sdpa unchanged."""
     seg: Segments | None = kwargs.pop(SEGMENTS_KWARG, None)
+    if seg is None and isinstance(attention_mask, BlockMask):
+        return flex_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if seg is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if kwargs.get("sliding_window") is not None:
         raise ValueError("sliding-window attention layers: set model.attn_implementation eager")
-    heads, n_rep = query.shape[1], query.shape[1] // key.shape[1]
+    n_rep = query.shape[1] // key.shape[1]
     outs = []
     for idx in seg.groups:
         q = _gather(query, idx)  # [G, H, L, D]
@@ -160,39 +170,33 @@ def segment_attention(
         )
         outs.append(o.transpose(0, 1).flatten(1, 2))  # [H, G * L, D]
     out = torch.cat(outs, 1)[:, seg.take]  # [H, N, D]
-    assert out.shape[0] == heads
     return out.transpose(0, 1)[None].contiguous(), None  # [1, N, H, D]
 
 
 _local = threading.local()  # inside a segmented forward of this thread: no mask is built
 
 
-def _segments_mask(*args, **kwargs) -> torch.Tensor | None:
-    """The mask function of ``rltool_segments``: none inside a segmented forward; sdpa's
-    otherwise (another thread generating with the same model object)."""
-    return None if getattr(_local, "segmented", False) else sdpa_mask(*args, **kwargs)
+def _sdpa_mask(*args, **kwargs) -> torch.Tensor | None:
+    """transformers' sdpa mask function, except inside ``no_mask()`` (this thread's segmented
+    forward), where the row needs none."""
+    return None if getattr(_local, "no_mask", False) else sdpa_mask(*args, **kwargs)
 
 
-AttentionInterface.register(SEGMENTS_IMPL, segment_attention)
-AttentionMaskInterface.register(SEGMENTS_IMPL, _segments_mask)
-assert SEGMENTS_IMPL in ALL_MASK_ATTENTION_FUNCTIONS
+# transparent unless a forward passes Segments or a BlockMask: generation, and the
+# recomputation of an activation-checkpointed layer, see the same functions
+AttentionInterface.register("sdpa", segment_attention)
+AttentionMaskInterface.register("sdpa", _sdpa_mask)
+assert ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is _sdpa_mask
 
 
 @contextmanager
-def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
-    """Run the model's forwards with attention ``name`` (None: unchanged), then restore."""
-    config = getattr(model, "config", None)
-    if name is None or config is None:
-        yield
-        return
-    before = config._attn_implementation
-    config._attn_implementation = name
-    _local.segmented = name == SEGMENTS_IMPL
+def no_mask() -> Iterator[None]:
+    """The sdpa mask function of this thread returns None (a segmented forward)."""
+    _local.no_mask = True
     try:
         yield
     finally:
-        config._attn_implementation = before
-        _local.segmented = False
+        _local.no_mask = False
 
 
 def tree_mask_mod(tree_ids: torch.Tensor, branch_ids: torch.Tensor):
@@ -206,10 +210,8 @@ def tree_mask_mod(tree_ids: torch.Tensor, branch_ids: torch.Tensor):
     return mask_mod
 
 
-def flex_block_mask(pack: SharedPack, device: torch.device):
+def flex_block_mask(pack: SharedPack, device: torch.device) -> BlockMask:
     """The block-sparse mask of a shared row (flex_attention; built in blocks of 128)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     n = len(pack)
     mod = tree_mask_mod(pack.tree_ids.to(device), pack.branch_ids.to(device))
     return create_block_mask(mod, None, None, n, n, device=device)

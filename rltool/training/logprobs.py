@@ -19,6 +19,8 @@ from): ``z[y] - logsumexp(z)``. That avoids a second [N, V] tensor from
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from rltool.models import model_device
@@ -27,11 +29,11 @@ from rltool.training.attention import (
     DENSE,
     FLASH_VARLEN,
     FLEX_BLOCK,
+    NATIVE,
     SEGMENTED,
-    SEGMENTS_IMPL,
     SEGMENTS_KWARG,
-    attention_implementation,
     flex_block_mask,
+    no_mask,
     segments_of,
 )
 from rltool.training.batch import Pack, SharedPack
@@ -52,20 +54,21 @@ def attention_allowed(tree_ids: torch.Tensor, branch_ids: torch.Tensor) -> torch
 
 def check_attention(model: torch.nn.Module, packs: list[Pack]) -> None:
     """Raise ValueError when the model cannot run a kernel the packs were laid out for."""
-    config = getattr(model, "config", None)
-    impl = str(getattr(config, "_attn_implementation", None))
+    impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None))
     cuda = model_device(model).type == "cuda"
+    need = {
+        **dict.fromkeys(SEGMENTED, ("model.attn_implementation sdpa", impl in ("sdpa", "eager"))),
+        FLASH_VARLEN: ("model.attn_implementation flash_attention_*", impl.startswith("flash")),
+        FLEX_BLOCK: ("a model on CUDA with sdpa or flex_attention (flex_attention has no "
+                     "backward on the CPU)", cuda and impl in ("sdpa", "flex_attention")),
+        DENSE: ("model.attn_implementation sdpa or eager", impl in ("sdpa", "eager")),
+        NATIVE: ("", True),
+    }  # fmt: skip
     for i, p in enumerate(packs):
-        need = None
-        if p.attention == FLEX_BLOCK and not cuda:
-            need = "a model on CUDA (flex_attention's backward fails on the CPU)"
-        elif p.attention == FLASH_VARLEN and not impl.startswith("flash_attention"):
-            need = "model.attn_implementation flash_attention_2 or 3"
-        elif isinstance(p, SharedPack) and p.attention not in (*SEGMENTED, FLEX_BLOCK, DENSE):
-            need = "a kernel for shared-prefix rows (sdpa-tree, flex-block or dense)"
-        if need:
+        what, ok = need.get(p.attention, (f"one of {sorted(need)}", False))
+        if not ok:
             raise ValueError(
-                f"pack {i} was laid out for attention {p.attention!r}, which needs {need}; "
+                f"pack {i} was laid out for attention {p.attention!r}, which needs {what}; "
                 "convert with the model's model.attn_implementation and model.device, or set "
                 "trainer.prefix_sharing: false"
             )
@@ -74,19 +77,19 @@ def check_attention(model: torch.nn.Module, packs: list[Pack]) -> None:
 def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
     """Logits of one packed row under its ``attention`` kernel; never a cache."""
     device = model_device(model)
-    mask, impl, extra = None, None, {}
-    if pack.attention in SEGMENTED:  # SDPA per sample / per prefix and branch
-        impl, extra = SEGMENTS_IMPL, {SEGMENTS_KWARG: segments_of(pack, device)}
+    mask, extra = None, {}
+    if pack.attention in SEGMENTED:  # causal SDPA per sample / per prefix and branch
+        extra = {SEGMENTS_KWARG: segments_of(pack, device)}
     elif pack.attention == FLASH_VARLEN:  # transformers' variable-length flash kernel
         cu = pack.cu_seq_lens.to(device=device, dtype=torch.int32)
         extra = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}
         extra |= {"max_length_q": pack.max_seq_len, "max_length_k": pack.max_seq_len}
     elif pack.attention == FLEX_BLOCK and isinstance(pack, SharedPack):
-        impl, mask = "flex_attention", flex_block_mask(pack, device)
+        mask = flex_block_mask(pack, device)
     elif pack.attention == DENSE and isinstance(pack, SharedPack):  # eager: [N, N] anyway
         allowed = attention_allowed(pack.tree_ids.to(device), pack.branch_ids.to(device))
         mask = allowed[None, None]  # [1, 1, N, N]
-    with attention_implementation(model, impl):
+    with no_mask() if SEGMENTS_KWARG in extra else nullcontext():
         out = model(
             input_ids=pack.input_ids.to(device)[None],  # [1, N]
             position_ids=pack.position_ids.to(device)[None],  # [1, N]

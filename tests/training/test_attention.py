@@ -115,12 +115,13 @@ def test_a_wrong_segment_would_change_the_logits() -> None:
 def test_no_dense_mask_is_built() -> None:
     """The reference path asks transformers for a [1, 1, N, N] mask; the kernels ask for none."""
     model = model_of()
-    built: list[tuple[int, ...] | None] = []
+    built: list[tuple[int, ...]] = []
     sdpa = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
 
     def spy(*args, **kwargs):
         mask = sdpa(*args, **kwargs)
-        built.append(None if mask is None else tuple(mask.shape))
+        if mask is not None:
+            built.append(tuple(mask.shape))
         return mask
 
     masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] = spy
@@ -134,10 +135,27 @@ def test_no_dense_mask_is_built() -> None:
             packed_logits(model, row)
             for shared in share_prefixes(grpo_rows()).packs:
                 packed_logits(model, shared)
+            assert built == []
+            # outside a segmented forward the mask function is transformers' again
+            packed_logits(model, dataclasses.replace(row, attention=NATIVE))
+            assert built == [(1, 1, n, n)]
     finally:
         masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] = sdpa
-    assert built == []
-    assert model.config._attn_implementation == "sdpa"  # restored after each forward
+
+
+def test_generation_with_a_cache_is_unchanged() -> None:
+    """segment_attention is registered as transformers' sdpa: without Segments it is sdpa
+    itself (left-padded batch, KV cache), compared with eager attention on the same weights."""
+    sdpa, eager = model_of("sdpa"), model_of("eager")
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        a = sdpa.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        b = eager.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        la = sdpa(ids, attention_mask=mask).logits
+        lb = eager(ids, attention_mask=mask).logits
+    assert torch.equal(a, b)
+    assert (la - lb)[mask.bool()].abs().max() < 1e-5
 
 
 def test_pieces_worked_by_hand() -> None:
@@ -205,8 +223,9 @@ def test_flex_block_mask_forward_on_the_cpu() -> None:
     [
         ("sdpa", "cpu", (SDPA_VARLEN, SDPA_TREE)),
         ("sdpa", "cuda", (SDPA_VARLEN, FLEX_BLOCK)),
-        ("flash_attention_2", "cpu", (FLASH_VARLEN, None)),
-        ("flash_attention_2", "cuda:0", (FLASH_VARLEN, FLEX_BLOCK)),
+        ("flash_attention_2", "cuda:0", (FLASH_VARLEN, None)),
+        ("flex_attention", "cpu", (NATIVE, None)),
+        ("flex_attention", "cuda", (NATIVE, FLEX_BLOCK)),
         ("eager", "cpu", (NATIVE, DENSE)),
     ],
 )
@@ -225,6 +244,6 @@ def test_a_kernel_the_model_cannot_run_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"pack 0 .*'flex-block'.*CUDA"):
         check_attention(model, flex)
     flash = [dataclasses.replace(grpo_rows()[0], attention=FLASH_VARLEN)]
-    with pytest.raises(ValueError, match="flash_attention_2"):
+    with pytest.raises(ValueError, match=r"flash_attention_\*"):
         check_attention(model, flash)
     check_attention(model, grpo_rows() + share_prefixes(grpo_rows()).packs)
