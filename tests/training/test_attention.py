@@ -99,6 +99,18 @@ def test_shared_rows_equal_the_dense_mask_path() -> None:
         assert_same(ours, reference, 2e-6)
 
 
+def test_activation_checkpointing_recomputes_with_the_same_kernel() -> None:
+    """A checkpointed layer reruns its forward in the backward, outside packed_logits: the
+    gradients still equal the dense path's."""
+    model = model_of().train()  # checkpointing runs in train mode; dropout is 0 here
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for row in [grpo_rows()[0], *share_prefixes(grpo_rows()).packs]:
+        dense = DENSE if hasattr(row, "tree_ids") else NATIVE
+        ours = logits_and_grads(model, row)
+        reference = logits_and_grads(model, dataclasses.replace(row, attention=dense))
+        assert_same(ours, reference, 2e-6)
+
+
 def test_a_wrong_segment_would_change_the_logits() -> None:
     """The tests above can fail: one segment spanning two samples lets the second see the
     first."""
