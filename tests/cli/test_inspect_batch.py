@@ -449,7 +449,7 @@ def test_integer_ids_are_shown_as_strings(tmp_path):
 
 @pytest.mark.parametrize(
     ("switch", "line"),
-    [(PLAIN, "rows: plain layout, attention sdpa-varlen (SDPA per sample"),
+    [(PLAIN, "rows: plain layout, attention sdpa-varlen (causal SDPA per sample"),
      (SHARED, "rows: shared-prefix layout, attention sdpa-tree (SDPA per shared prefix")],
 )  # fmt: skip
 def test_rich_view_names_the_layout_and_attention_kernel(switch, line):
