@@ -149,7 +149,8 @@ def main() -> None:
     )
     for warm_up in (False, True):  # first calls (allocator, kernels) out of the figures
         packs = rows(512, warm_up)
-        measure(packs, 512), measure(dense(packs), 512)
+        measure(packs, 512)
+        measure(dense(packs), 512)
     for shared in (False, True):
         layout = "shared" if shared else "plain"
         per = 2.5 if shared else 1.0  # positions the samples take in plain rows, per row one
