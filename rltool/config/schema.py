@@ -218,7 +218,7 @@ class TrainerConfig:
     seed: int = 0
     pack_max_length: int = 2048  # tokens per packed row, also the micro-batch token budget
     # lay each prompt out once per row, its samples as branches (same losses, fewer tokens);
-    # needs model.attn_implementation sdpa or eager, plain rows otherwise
+    # plain rows where the attention has no kernel for them (flash attention on the CPU)
     prefix_sharing: bool = True
     eval_every: int = 10  # 0 = only at start and end
     save_every: int = 0  # 0 = only at the end

@@ -6,6 +6,9 @@ per-position advantages, rollout logprobs) without the other samples of the
 row. Floats are rounded to 6 decimals so that a golden comparison is stable
 across platforms.
 
+The top level says the row layout (``plain`` or ``shared-prefix``) and the
+attention kernel the rows train with (``rltool.training.attention``).
+
 A shared-prefix pack adds fields to the plain schema: the pack gets
 ``tree_ids`` and ``branch_ids`` (per position; branch 0 = its tree's shared
 prefix), and each of its samples ``prefix_length`` and ``branch_start``: the
@@ -94,11 +97,20 @@ def pack_record(pack: Pack) -> dict[str, Any]:
     return record
 
 
+def layout_of(batch: TrainBatch) -> tuple[str, str]:
+    """(row layout, attention kernel(s), comma-separated) of the batch's packs."""
+    layout = "shared-prefix" if any(isinstance(p, SharedPack) for p in batch.packs) else "plain"
+    return layout, ",".join(sorted({p.attention for p in batch.packs})) or "none"
+
+
 def batch_to_json(batch: TrainBatch, sample_indices: Sequence[int] | None = None) -> dict[str, Any]:
     """The ``--format json`` object. ``sample_indices`` (into ``batch.samples``)
     filters ``samples`` only; packs, skipped groups and data_info are always whole."""
     indices = range(len(batch.samples)) if sample_indices is None else sample_indices
+    layout, attention = layout_of(batch)
     return {
+        "layout": layout,
+        "attention": attention,
         "samples": [sample_record(batch, batch.samples[i]) for i in indices],
         "packs": [pack_record(p) for p in batch.packs],
         "skipped_groups": [

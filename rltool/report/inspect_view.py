@@ -32,9 +32,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from rltool.report.batch_json import slice_sample
+from rltool.report.batch_json import layout_of, slice_sample
 from rltool.rollout.staleness import StalenessLimits, token_staleness
 from rltool.rollout.state import IGNORE_INDEX, RolloutState
+from rltool.training.attention import KERNEL_NOTES
 from rltool.training.batch import Pack, SampleInfo, SharedPack, TrainBatch
 
 Decoder = Callable[[list[int]], list[str]]  # token ids -> one display string per id
@@ -162,6 +163,15 @@ def legend() -> Text:
         text.append("  ")
     text.append("(colour of each target; stale = label cleared by token staleness)", style="dim")
     return text
+
+
+def layout_line(batch: TrainBatch) -> Text:
+    """The rows' layout and attention kernel, as conversion chose them."""
+    layout, attention = layout_of(batch)
+    text = Text("rows: ", style="bold")
+    text.append(f"{layout} layout, attention {attention}")
+    notes = "; ".join(KERNEL_NOTES[k] for k in attention.split(",") if k in KERNEL_NOTES)
+    return text.append(f" ({notes})" if notes else "", style="dim")
 
 
 def pack_rule_title(index: int, pack: Pack) -> str:
@@ -347,6 +357,7 @@ def render_batch(
     view = _View(batch, _by_rollout_id(groups), stale or {}, train_step, decode)
     selected = set(range(len(batch.samples)) if sample_indices is None else sample_indices)
     console.print(legend())
+    console.print(layout_line(batch))
     for k, pack in enumerate(batch.packs):
         shown = [batch.samples[i] for i in pack.sample_index if i in selected]
         if not shown:

@@ -9,8 +9,9 @@ One packed row holds several shifted samples back to back::
     position_ids |  0  1  2  3 |  0  1  2 |  0  1 |
     cu_seq_lens  [0,           4,         7,     9]
 
-Attention never crosses a boundary (position_ids restart per sample, and the
-forward uses ``attention_mask=None, use_cache=False``, see facts.md). Targets
+Attention never crosses a boundary: the row's ``attention`` kernel, chosen at
+conversion (``rltool.training.attention``), runs each sample alone, and
+position_ids restart per sample. Targets
 are the labels shifted by one inside each sample, so no target ever reads the
 next sample's first token. Positions with target -100 carry advantage 0 and
 rollout logprob 0.
@@ -51,14 +52,10 @@ class Pack:
     teacher_token_ids: torch.Tensor | None = None  # [N, K] long, aligned by the shift
     teacher_logprobs: torch.Tensor | None = None  # [N, K] float32, aligned by the shift
     teacher_kind: str | None = None  # "topk" | "sampled"
+    attention: str = "sdpa-varlen"  # the kernel the row trains with (training/attention.py)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
-
-
-# attention implementations that take a SharedPack's explicit [N, N] mask; flash attention
-# only knows block-diagonal packing (model.attn_implementation)
-SHARED_ROW_ATTENTION = ("sdpa", "eager")
 
 
 @dataclass(slots=True, kw_only=True)

@@ -34,13 +34,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from rltool.config.schema import RecipeConfig
 from rltool.packing import padding_waste
 from rltool.rollout.contract import check_samples, errors, group_violations
 from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.advantages import ESTIMATORS, session_clusters
-from rltool.training.batch import SHARED_ROW_ATTENTION, Pack, SampleInfo, SkippedGroup, TrainBatch
+from rltool.training.attention import choose_kernels
+from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
 from rltool.training.flat import Flat
 from rltool.training.layout import pack_samples
 
@@ -52,10 +54,14 @@ class ConversionConfig:
     estimator: str = "grpo"  # a name in rltool.training.advantages.ESTIMATORS
     pack_max_length: int = 2048  # tokens per packed row
     prefix_sharing: bool = False  # shared-prefix rows (training/layout); recipes default to on
+    # the attention the rows train with (training/attention.py picks the kernels from these)
+    attn_implementation: str = "sdpa"  # model.attn_implementation
+    device: str = "cpu"  # cpu | cuda: where the policy trains
     task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
 
     def __post_init__(self) -> None:
         ESTIMATORS.get(self.estimator)  # raises with the known names
+        choose_kernels(self.attn_implementation, self.device)  # raises for an unknown attention
         if self.pack_max_length < 1:
             raise ValueError(f"trainer.pack_max_length must be >= 1, got {self.pack_max_length}")
         for task, w in self.task_adv_weight.items():
@@ -70,13 +76,20 @@ class ConversionConfig:
         return cls(
             estimator=a.estimator,
             pack_max_length=recipe.trainer.pack_max_length,
-            prefix_sharing=recipe.trainer.prefix_sharing
-            and recipe.model.attn_implementation in SHARED_ROW_ATTENTION,
+            prefix_sharing=recipe.trainer.prefix_sharing,
+            attn_implementation=recipe.model.attn_implementation,
+            device=_train_device(recipe.model.device),
             task_adv_weight={k: float(v) for k, v in a.task_adv_weight.items()},
         )
 
     def task_weight(self, task_name: str) -> float:
         return float(self.task_adv_weight.get(task_name, 1.0))
+
+
+def _train_device(device: str) -> str:
+    """cuda or cpu for ``model.device`` (auto: cuda when this machine has it)."""
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "cuda" if cuda else "cpu"
 
 
 # ---------------------------------------------------------------- status and rewards
@@ -248,7 +261,10 @@ def convert_groups(
     samples = [s for g in scr.kept for s in g]
     flat = scr.flat
     adv = _advantages(scr.kept, cfg)
-    packed = pack_samples(samples, flat, adv.sample_S, cfg.pack_max_length, cfg.prefix_sharing)
+    kernels = choose_kernels(cfg.attn_implementation, cfg.device)
+    packed = pack_samples(
+        samples, flat, adv.sample_S, cfg.pack_max_length, cfg.prefix_sharing, kernels
+    )
     infos = [
         SampleInfo(
             rollout_id=s.rollout_id,

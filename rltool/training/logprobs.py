@@ -3,13 +3,13 @@
 Shape legend: N = tokens in the packed row, V = vocabulary size.
 
 The row holds several samples back to back with ``position_ids`` restarting at
-0 per sample. transformers 5 derives a block-diagonal attention mask from those
-restarting positions only when ``attention_mask=None`` and ``use_cache=False``;
-with the cache on it silently lets samples attend to each other (facts.md).
-``tests/training/test_logprobs.py`` locks this: packed == each sample alone. A
-``SharedPack`` (the shared-prefix layout: one prompt, several answers) passes
-its own [1, 1, N, N] boolean mask instead (``attention_allowed``), which
-transformers uses as given with sdpa or eager attention.
+0 per sample; the row's ``attention`` kernel (``rltool.training.attention``,
+chosen at conversion) keeps them apart without an [N, N] mask, except eager
+attention, whose scores are [N, N] anyway: transformers derives its mask from
+the restarting positions (only with ``attention_mask=None`` and
+``use_cache=False``, facts.md), and a ``SharedPack`` passes its explicit mask
+(``attention_allowed``, also the reference the kernels are tested against).
+``tests/training/test_logprobs.py`` locks this: packed == each sample alone.
 
 logprob of target y at a position with logits z (already divided by the
 sampling temperature, so the trainer scores the distribution the engine sampled
@@ -19,11 +19,24 @@ from): ``z[y] - logsumexp(z)``. That avoids a second [N, V] tensor from
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
-from rltool.training.batch import SHARED_ROW_ATTENTION, Pack, SharedPack
+from rltool.training.attention import (
+    DENSE,
+    FLASH_VARLEN,
+    FLEX_BLOCK,
+    NATIVE,
+    SEGMENTED,
+    SEGMENTS_KWARG,
+    flex_block_mask,
+    no_mask,
+    segments_of,
+)
+from rltool.training.batch import Pack, SharedPack
 
 _ENTROPY_CHUNK = 1024  # rows per chunk when entropy is only a metric (bounds the [N, V] copy)
 
@@ -39,25 +52,51 @@ def attention_allowed(tree_ids: torch.Tensor, branch_ids: torch.Tensor) -> torch
     return causal & same_tree & visible
 
 
-def supports_shared_rows(model: torch.nn.Module) -> bool:
-    """Whether the model's attention takes a SharedPack's explicit [N, N] mask (sdpa, eager)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) in SHARED_ROW_ATTENTION
+def check_attention(model: torch.nn.Module, packs: list[Pack]) -> None:
+    """Raise ValueError when the model cannot run a kernel the packs were laid out for."""
+    impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None))
+    cuda = model_device(model).type == "cuda"
+    need = {
+        **dict.fromkeys(SEGMENTED, ("model.attn_implementation sdpa", impl in ("sdpa", "eager"))),
+        FLASH_VARLEN: ("model.attn_implementation flash_attention_*", impl.startswith("flash")),
+        FLEX_BLOCK: ("a model on CUDA with sdpa or flex_attention (flex_attention has no "
+                     "backward on the CPU)", cuda and impl in ("sdpa", "flex_attention")),
+        DENSE: ("model.attn_implementation sdpa or eager", impl in ("sdpa", "eager")),
+        NATIVE: ("", True),
+    }  # fmt: skip
+    for i, p in enumerate(packs):
+        what, ok = need.get(p.attention, (f"one of {sorted(need)}", False))
+        if not ok:
+            raise ValueError(
+                f"pack {i} was laid out for attention {p.attention!r}, which needs {what}; "
+                "convert with the model's model.attn_implementation and model.device, or set "
+                "trainer.prefix_sharing: false"
+            )
 
 
 def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
-    """Logits of one packed row; the flags below are what keeps samples apart."""
+    """Logits of one packed row under its ``attention`` kernel; never a cache."""
     device = model_device(model)
-    mask = None  # plain row: the block-diagonal mask comes from the restarting positions
-    if isinstance(pack, SharedPack):  # prefix + branches: an explicit mask, used as given
+    mask, extra = None, {}
+    if pack.attention in SEGMENTED:  # causal SDPA per sample / per prefix and branch
+        extra = {SEGMENTS_KWARG: segments_of(pack, device)}
+    elif pack.attention == FLASH_VARLEN:  # transformers' variable-length flash kernel
+        cu = pack.cu_seq_lens.to(device=device, dtype=torch.int32)
+        extra = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}
+        extra |= {"max_length_q": pack.max_seq_len, "max_length_k": pack.max_seq_len}
+    elif pack.attention == FLEX_BLOCK and isinstance(pack, SharedPack):
+        mask = flex_block_mask(pack, device)
+    elif pack.attention == DENSE and isinstance(pack, SharedPack):  # eager: [N, N] anyway
         allowed = attention_allowed(pack.tree_ids.to(device), pack.branch_ids.to(device))
         mask = allowed[None, None]  # [1, 1, N, N]
-    out = model(
-        input_ids=pack.input_ids.to(device)[None],  # [1, N]
-        position_ids=pack.position_ids.to(device)[None],  # [1, N]
-        attention_mask=mask,
-        use_cache=False,
-    )
+    with no_mask() if SEGMENTS_KWARG in extra else nullcontext():
+        out = model(
+            input_ids=pack.input_ids.to(device)[None],  # [1, N]
+            position_ids=pack.position_ids.to(device)[None],  # [1, N]
+            attention_mask=mask,
+            use_cache=False,
+            **extra,
+        )
     return out.logits[0]  # [N, V]
 
 

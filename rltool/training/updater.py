@@ -33,9 +33,9 @@ import torch
 from rltool.config.schema import AlgorithmConfig, DistillConfig, check_distill_config
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
-from rltool.training.batch import Pack, SharedPack
+from rltool.training.batch import Pack
 from rltool.training.distill import distill_term, forward_logprobs_distill
-from rltool.training.logprobs import forward_logprobs, supports_shared_rows
+from rltool.training.logprobs import check_attention, forward_logprobs
 from rltool.training.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -119,11 +119,7 @@ class PolicyUpdater:
         """One train step over every pack; returns ``actor/*`` metrics."""
         if not packs:
             raise ValueError("PolicyUpdater.step needs at least one pack")
-        if any(isinstance(p, SharedPack) for p in packs) and not supports_shared_rows(self.model):
-            raise ValueError(
-                "shared-prefix rows need model.attn_implementation sdpa or eager; set "
-                "trainer.prefix_sharing: false for this attention"
-            )
+        check_attention(self.model, packs)  # the kernels conversion chose
         with _dropout_off(self.model, self.ref_model):
             return self._step(packs)
 

@@ -97,7 +97,8 @@ def test_matches_golden_file(out):
 
 
 def test_json_keys_in_contract_order(out):
-    assert list(out) == ["samples", "packs", "skipped_groups", "data_info"]
+    assert list(out) == ["layout", "attention", "samples", "packs", "skipped_groups", "data_info"]
+    assert (out["layout"], out["attention"]) == ("plain", "sdpa-varlen")
     assert list(out["samples"][0]) == SAMPLE_KEYS
     assert list(out["packs"][0]) == PACK_KEYS
     assert out["skipped_groups"] == [
@@ -444,3 +445,14 @@ def test_integer_ids_are_shown_as_strings(tmp_path):
     assert result.exit_code == 0, result.output
     ids = [s["rollout_id"] for s in json.loads(result.stdout)["samples"]]
     assert ids == [str(100 + i) for i in range(len(group))]
+
+
+@pytest.mark.parametrize(
+    ("switch", "line"),
+    [(PLAIN, "rows: plain layout, attention sdpa-varlen (causal SDPA per sample"),
+     (SHARED, "rows: shared-prefix layout, attention sdpa-tree (SDPA per shared prefix")],
+)  # fmt: skip
+def test_rich_view_names_the_layout_and_attention_kernel(switch, line):
+    result = inspect(ROLLOUTS, *CONVERSION_OPTIONS, *switch)
+    assert result.exit_code == 0, result.output
+    assert line in " ".join(result.stdout.split())

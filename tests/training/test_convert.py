@@ -9,6 +9,7 @@ staleness is baked explicitly (``bake_staleness``) before converting.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -233,6 +234,30 @@ def test_prefix_sharing_lays_the_prompt_out_once() -> None:
     assert {k: v for k, v in batch.data_info.items() if k not in layout} == {
         k: v for k, v in plain.items() if k not in layout
     }
+
+
+@pytest.mark.parametrize(
+    ("attn", "device", "shared", "kernel", "plain_kernel"),
+    [
+        ("sdpa", "cpu", True, "sdpa-tree", "sdpa-varlen"),
+        ("sdpa", "cuda", True, "flex-block", "sdpa-varlen"),
+        ("eager", "cpu", True, "dense", "native"),
+        # no kernel for shared rows: plain rows even with prefix sharing on
+        ("flash_attention_2", "cpu", False, "flash-varlen", "flash-varlen"),
+    ],
+)
+def test_the_attention_kernel_is_chosen_at_conversion(
+    attn: str, device: str, shared: bool, kernel: str, plain_kernel: str
+) -> None:
+    cfg = ConversionConfig(
+        pack_max_length=16, prefix_sharing=True, attn_implementation=attn, device=device
+    )
+    (p,) = convert_groups([_one_prompt_group()], cfg).packs
+    assert isinstance(p, SharedPack) == shared
+    assert p.attention == kernel
+    off = dataclasses.replace(cfg, prefix_sharing=False)
+    (q,) = convert_groups([_one_prompt_group()], off).packs
+    assert type(q) is Pack and q.attention == plain_kernel
 
 
 def test_packs_with_extras_stay_plain_with_prefix_sharing() -> None:
@@ -568,17 +593,17 @@ def test_from_recipe() -> None:
 
 
 @pytest.mark.parametrize(
-    ("attn", "sharing", "expected"),
-    [("sdpa", True, True), ("eager", True, True), ("flash_attention_2", True, False),
-     ("sdpa", False, False)],
+    ("attn", "sharing"), [("sdpa", True), ("eager", True), ("flash_attention_2", True),
+                          ("sdpa", False)],
 )  # fmt: skip
-def test_from_recipe_shares_prefixes_only_with_attention_that_takes_a_mask(
-    attn: str, sharing: bool, expected: bool
-) -> None:
+def test_from_recipe_carries_sharing_and_the_attention(attn: str, sharing: bool) -> None:
+    """The layout picks the kernels from these (flash attention on the CPU: plain rows)."""
     recipe = RecipeConfig(
-        model=ModelConfig(attn_implementation=attn), trainer=TrainerConfig(prefix_sharing=sharing)
+        model=ModelConfig(attn_implementation=attn, device="cpu"),
+        trainer=TrainerConfig(prefix_sharing=sharing),
     )
-    assert ConversionConfig.from_recipe(recipe).prefix_sharing is expected
+    cfg = ConversionConfig.from_recipe(recipe)
+    assert (cfg.prefix_sharing, cfg.attn_implementation, cfg.device) == (sharing, attn, "cpu")
 
 
 @pytest.mark.parametrize(

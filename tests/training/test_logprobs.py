@@ -8,6 +8,7 @@ import pytest
 import torch
 from tiny_models import random_qwen2
 
+from rltool.training.attention import NATIVE, SDPA_VARLEN, choose_kernels
 from rltool.training.batch import Pack
 from rltool.training.logprobs import entropy_from_logits, forward_logprobs, token_logprobs
 
@@ -18,7 +19,7 @@ def tiny_qwen2(attn: str) -> torch.nn.Module:
     return random_qwen2(VOCAB, attn=attn).eval()
 
 
-def pack_of(samples: list[tuple[list[int], list[int]]]) -> Pack:
+def pack_of(samples: list[tuple[list[int], list[int]]], attention: str = SDPA_VARLEN) -> Pack:
     """A row from (model input, targets) pairs, already shifted."""
     ids = [t for s, _ in samples for t in s]
     targets = [t for _, tg in samples for t in tg]
@@ -36,6 +37,7 @@ def pack_of(samples: list[tuple[list[int], list[int]]]) -> Pack:
         cu_seq_lens=torch.tensor(cu, dtype=torch.int32),
         max_seq_len=max(lens),
         sample_index=list(range(len(samples))),
+        attention=attention,
     )
 
 
@@ -54,8 +56,9 @@ def three_samples() -> list[tuple[list[int], list[int]]]:
 def test_packed_row_equals_each_sample_alone(attn: str, temperature: float) -> None:
     model = tiny_qwen2(attn)
     samples = three_samples()
+    kernel = choose_kernels(attn, "cpu")[0]  # as conversion lays the rows out
     with torch.no_grad():
-        packed, ent_packed = forward_logprobs(model, pack_of(samples), temperature, True)
+        packed, ent_packed = forward_logprobs(model, pack_of(samples, kernel), temperature, True)
         alone = [forward_logprobs(model, pack_of([s]), temperature, True) for s in samples]
     assert torch.cat([a[0] for a in alone]).sub(packed).abs().max() < 1e-5
     assert torch.cat([a[1] for a in alone]).sub(ent_packed).abs().max() < 1e-5
@@ -66,10 +69,11 @@ def test_packed_row_equals_each_sample_alone(attn: str, temperature: float) -> N
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_wrong_position_ids_leak_across_samples(attn: str) -> None:
-    """Negative control: positions that do not restart let sample 2 see sample 1."""
+    """Negative control: with transformers' own mask (``native``: eager rows, the reference
+    of the kernels), positions that do not restart let sample 2 see sample 1."""
     model = tiny_qwen2(attn)
     samples = three_samples()
-    pack = pack_of(samples)
+    pack = pack_of(samples, NATIVE)
     with torch.no_grad():
         right, _ = forward_logprobs(model, pack, 1.0, False)
         pack.position_ids = torch.arange(len(pack))

@@ -31,6 +31,7 @@ import torch
 
 from rltool.packing import pack_lengths
 from rltool.rollout.state import IGNORE_INDEX
+from rltool.training.attention import SDPA_TREE
 from rltool.training.batch import Pack, SharedPack
 from rltool.training.losses import sequence_ids
 
@@ -118,7 +119,9 @@ class SharedLayout:
     branch_S: np.ndarray  # [S] its own branch in the row
 
 
-def _row(s: _Samples, trees: list[list[int]], b: int, out: SharedLayout) -> SharedPack:
+def _row(
+    s: _Samples, trees: list[list[int]], b: int, out: SharedLayout, attention: str
+) -> SharedPack:
     """One row of ``trees``; writes the placement of its samples (row ``b``) into ``out``."""
     pieces: list[torch.Tensor] = []
     tree_len: list[int] = []
@@ -157,15 +160,18 @@ def _row(s: _Samples, trees: list[list[int]], b: int, out: SharedLayout) -> Shar
         sample_index=sample_index,
         tree_ids=tree_ids,
         branch_ids=torch.repeat_interleave(branch_of, lengths),  # [N]
+        attention=attention,
     )
 
 
-def share_prefixes(packs: list[Pack], max_len: int | None = None) -> SharedLayout:
+def share_prefixes(
+    packs: list[Pack], max_len: int | None = None, attention: str = SDPA_TREE
+) -> SharedLayout:
     """The samples of the plain rows ``packs`` in rows where each prompt appears once per row.
 
     ``max_len`` bounds a tree (default: the longest input row, so no row grows; a
-    longer tree gets a row of its own). Summed over the rows, every loss of
-    ``losses.py`` is unchanged.
+    longer tree gets a row of its own); ``attention``: the rows' kernel. Summed over the
+    rows, every loss of ``losses.py`` is unchanged.
     """
     assert packs and all(shareable(p) for p in packs), "only plain rows without extras share"
     limit = max_len or max(len(p) for p in packs)
@@ -177,5 +183,7 @@ def share_prefixes(packs: list[Pack], max_len: int | None = None) -> SharedLayou
     rows = pack_lengths(sizes, max(limit, max(sizes)))
     n = len(s.index_S)
     out = SharedLayout([], *(np.zeros(n, dtype=np.int64) for _ in range(4)))
-    out.packs.extend(_row(s, [trees[t] for t in row], b, out) for b, row in enumerate(rows))
+    out.packs.extend(
+        _row(s, [trees[t] for t in row], b, out, attention) for b, row in enumerate(rows)
+    )
     return out

@@ -12,7 +12,7 @@ from rltool.config.schema import AlgorithmConfig, OptimizerConfig
 from rltool.training.batch import Pack, SharedPack
 from rltool.training.layout.plain import check_pack_widths
 from rltool.training.layout.shared_prefix import share_prefixes, shareable
-from rltool.training.logprobs import attention_allowed, forward_logprobs, supports_shared_rows
+from rltool.training.logprobs import attention_allowed, forward_logprobs
 from rltool.training.losses import LOSS_AGGREGATIONS
 from rltool.training.optim import build_optimizer, build_scheduler
 from rltool.training.updater import PolicyUpdater
@@ -176,13 +176,6 @@ def test_packs_with_extras_do_not_share() -> None:
     assert not shareable(packs[1])
     packs[0].routed_experts = torch.zeros(len(packs[0]), 2, dtype=torch.long)
     assert not shareable(packs[0])
-
-
-def test_only_attention_that_takes_a_mask_shares() -> None:
-    model = tiny_qwen2()
-    assert supports_shared_rows(model)
-    model.config._attn_implementation = "flash_attention_2"
-    assert not supports_shared_rows(model)
 
 
 def test_placement_worked_by_hand() -> None:

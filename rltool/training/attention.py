@@ -1,0 +1,217 @@
+"""Attention over packed rows without an [N, N] mask: the kernel each row trains with.
+
+Shape legend: N = positions of a row, H = attention heads, D = head size.
+
+Conversion picks the kernel (``choose_kernels``, recorded on every ``Pack``) and
+``logprobs.packed_logits`` runs it. Kernels (docs/attention.md says why):
+
+- ``sdpa-varlen``: plain rows; causal SDPA per sample (the fused kernel, memory linear
+  in N; samples of similar length batched): ``segment_attention``, registered as
+  transformers' ``sdpa`` (unchanged for a forward without ``Segments``);
+- ``sdpa-tree``: shared-prefix rows on the CPU; each prefix causally alone, each
+  branch causally after a copy of its prefix (the prefix's recomputed outputs dropped);
+- ``flash-varlen``: plain rows with ``model.attn_implementation`` flash_attention_*:
+  transformers' variable-length kernel, told the samples by ``cu_seq_lens``;
+- ``flex-block``: shared-prefix rows on CUDA: ``flex_attention`` with a ``BlockMask``;
+- ``native``: transformers' own mask from the restarting positions (eager: [N, N], as its
+  scores; flex_attention: a BlockMask); ``dense``: eager with the explicit tree mask
+  (``attention_allowed``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from transformers import AttentionInterface
+from transformers.integrations.flex_attention import flex_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    AttentionMaskInterface,
+    sdpa_mask,
+)
+
+from rltool.training.batch import Pack, SharedPack
+
+SDPA_VARLEN, SDPA_TREE = "sdpa-varlen", "sdpa-tree"
+FLASH_VARLEN, FLEX_BLOCK = "flash-varlen", "flex-block"
+NATIVE, DENSE = "native", "dense"
+KERNELS = (SDPA_VARLEN, SDPA_TREE, FLASH_VARLEN, FLEX_BLOCK, NATIVE, DENSE)
+SEGMENTED = (SDPA_VARLEN, SDPA_TREE)  # run by the rltool_segments attention function
+KERNEL_NOTES = {  # one line each, for inspect-batch
+    SDPA_VARLEN: "causal SDPA per sample, no [N, N] mask",
+    SDPA_TREE: "SDPA per shared prefix and per branch after it, no [N, N] mask",
+    FLASH_VARLEN: "flash attention, variable length by cu_seq_lens, no [N, N] mask",
+    FLEX_BLOCK: "flex_attention with a block-sparse BlockMask, no [N, N] mask",
+    NATIVE: "eager attention, transformers' [N, N] mask from the restarting position_ids",
+    DENSE: "eager attention with the explicit [N, N] tree mask",
+}
+
+SEGMENTS_KWARG = "rltool_segments"  # the forward keyword that carries a row's Segments
+
+
+def choose_kernels(attn_implementation: str, device: str) -> tuple[str, str | None]:
+    """(kernel of plain rows, kernel of shared-prefix rows or None: no sharing) for a model
+    with ``attn_implementation`` on ``device`` ("cpu", "cuda", "cuda:N")."""
+    cuda = device.startswith("cuda")
+    if attn_implementation == "sdpa":
+        return SDPA_VARLEN, FLEX_BLOCK if cuda else SDPA_TREE
+    if attn_implementation == "eager":
+        return NATIVE, DENSE
+    if attn_implementation.startswith("flash_attention"):
+        return FLASH_VARLEN, None
+    if attn_implementation == "flex_attention":  # transformers' BlockMask from the positions
+        return NATIVE, FLEX_BLOCK if cuda else None
+    raise ValueError(
+        f"model.attn_implementation {attn_implementation!r}: packed rows train with sdpa, "
+        "eager, flash_attention_2/3 or flex_attention"
+    )
+
+
+Piece = tuple[int, int, int, int]  # (prefix start, prefix end, start, end); no prefix: a, a
+
+
+def pieces_of(pack: Pack) -> list[Piece]:
+    """The row as independent causal pieces: positions [start, end) attend causally to
+    the prefix [prefix start, prefix end) followed by themselves. A plain row: its samples;
+    a shared row: each tree's prefix, then each branch after its prefix."""
+    if not isinstance(pack, SharedPack):
+        return [(a, a, a, e) for a, e in pairwise(pack.cu_seq_lens.tolist()) if e > a]
+    key = torch.stack([pack.tree_ids, pack.branch_ids], 1)  # [N, 2]
+    change = (key[1:] != key[:-1]).any(1).nonzero().flatten() + 1
+    starts = [0, *change.tolist()]
+    ends = [*starts[1:], len(pack)]
+    tree, branch = pack.tree_ids[starts].tolist(), pack.branch_ids[starts].tolist()
+    prefix_of: dict[int, tuple[int, int]] = {}
+    out: list[Piece] = []
+    for a, e, t, b in zip(starts, ends, tree, branch, strict=True):
+        if b == 0:
+            prefix_of[t] = (a, e)
+        out.append((*prefix_of.get(t, (a, a)), a, e) if b else (a, a, a, e))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A row's pieces batched for SDPA: pieces of similar length (within 5:4) share a call,
+    each padded at its end (causal attention never reads a later key, and the padded
+    rows' outputs are dropped)."""
+
+    groups: tuple[torch.Tensor, ...]  # [G, L] long: row positions of each piece, padded
+    take: torch.Tensor  # [N] long: each row position's output in the groups' flat outputs
+
+
+def segments_of(pack: Pack, device: torch.device | str = "cpu") -> Segments:
+    pieces = pieces_of(pack)
+    size = [p1 - p0 + e - a for p0, p1, a, e in pieces]
+    order = sorted(range(len(pieces)), key=lambda i: -size[i])
+    take = torch.empty(len(pack), dtype=torch.long)  # [N]
+    groups: list[torch.Tensor] = []
+    base, i = 0, 0
+    while i < len(order):
+        length, members = size[order[i]], []
+        while i < len(order) and 5 * size[order[i]] >= 4 * length:
+            members.append(order[i])
+            i += 1
+        idx = torch.empty(len(members), length, dtype=torch.long)  # [G, L]
+        for r, j in enumerate(members):
+            p0, p1, a, e = pieces[j]
+            pos = torch.cat([torch.arange(p0, p1), torch.arange(a, e)])
+            idx[r, : pos.numel()], idx[r, pos.numel() :] = pos, e - 1
+            take[a:e] = base + r * length + (p1 - p0) + torch.arange(e - a)
+        groups.append(idx.to(device))
+        base += idx.numel()
+    return Segments(tuple(groups), take.to(device))
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[1, h, N, D] at the positions ``idx`` [G, L] -> [G, h, L, D]."""
+    return t[0][:, idx.flatten()].unflatten(1, idx.shape).transpose(0, 1)
+
+
+def segment_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [1, H_kv, N, D]
+    value: torch.Tensor,  # [1, H_kv, N, D]
+    attention_mask: torch.Tensor | BlockMask | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention, extended: a row's ``Segments`` (keyword
+    ``rltool_segments``) run as causal SDPA per group of pieces, a ``BlockMask`` runs
+    flex_attention, and anything else is transformers' sdpa unchanged."""
+    seg: Segments | None = kwargs.pop(SEGMENTS_KWARG, None)
+    if seg is None and isinstance(attention_mask, BlockMask):
+        return flex_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if seg is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("sliding-window attention layers: set model.attn_implementation eager")
+    n_rep = query.shape[1] // key.shape[1]
+    outs = []
+    for idx in seg.groups:
+        q = _gather(query, idx)  # [G, H, L, D]
+        k, v = repeat_kv(_gather(key, idx), n_rep), repeat_kv(_gather(value, idx), n_rep)
+        o = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling
+        )
+        outs.append(o.transpose(0, 1).flatten(1, 2))  # [H, G * L, D]
+    out = torch.cat(outs, 1)[:, seg.take]  # [H, N, D]
+    return out.transpose(0, 1)[None].contiguous(), None  # [1, N, H, D]
+
+
+_local = threading.local()  # inside a segmented forward of this thread: no mask is built
+
+
+def _sdpa_mask(*args, **kwargs) -> torch.Tensor | None:
+    """transformers' sdpa mask function, except inside ``no_mask()`` (this thread's segmented
+    forward), where the row needs none."""
+    return None if getattr(_local, "no_mask", False) else sdpa_mask(*args, **kwargs)
+
+
+# transparent unless a forward passes Segments or a BlockMask: generation, and the
+# recomputation of an activation-checkpointed layer, see the same functions
+AttentionInterface.register("sdpa", segment_attention)
+AttentionMaskInterface.register("sdpa", _sdpa_mask)
+assert ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is _sdpa_mask
+
+
+@contextmanager
+def no_mask() -> Iterator[None]:
+    """The sdpa mask function of this thread returns None (a segmented forward)."""
+    _local.no_mask = True
+    try:
+        yield
+    finally:
+        _local.no_mask = False
+
+
+def tree_mask_mod(tree_ids: torch.Tensor, branch_ids: torch.Tensor):
+    """flex_attention's mask_mod of a shared row: causal, own tree, prefix or own branch."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same_tree = tree_ids[q_idx] == tree_ids[kv_idx]
+        visible = (branch_ids[kv_idx] == 0) | (branch_ids[kv_idx] == branch_ids[q_idx])
+        return (kv_idx <= q_idx) & same_tree & visible
+
+    return mask_mod
+
+
+def flex_block_mask(pack: SharedPack, device: torch.device) -> BlockMask:
+    """The block-sparse mask of a shared row (flex_attention; built in blocks of 128)."""
+    n = len(pack)
+    mod = tree_mask_mod(pack.tree_ids.to(device), pack.branch_ids.to(device))
+    return create_block_mask(mod, None, None, n, n, device=device)
