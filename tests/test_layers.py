@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "rltool.engines": 2,
     "rltool.rewards": 2,
     "rltool.models": 2,
+    "rltool.moe": 2,
     "rltool.data": 2,
     "rltool.demo": 2,  # data, tokenizer and cache paths of the demo
     "rltool.agent_loops": 3,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -45,6 +45,7 @@ from rltool.training.losses import (
     ppo_policy_loss,
     tis_weights,
 )
+from rltool.training.routing_replay import RoutingReplay
 
 
 def split_mini_batches(sizes: list[int], n: int) -> list[list[int]]:
@@ -110,6 +111,8 @@ class PolicyUpdater:
         self.algo, self.ref_model = algo, ref_model
         self.grad_clip = grad_clip if grad_clip and grad_clip > 0 else math.inf
         self.temperature, self.norm_len = temperature, norm_len
+        # MoE policies: replay (algorithm.routing_replay) and the mismatch metric
+        self.routing = RoutingReplay.for_models(model, ref_model, algo.routing_replay)
 
     def step(self, packs: list[Pack]) -> dict[str, float]:
         """One train step over every pack; returns ``actor/*`` metrics."""
@@ -120,12 +123,25 @@ class PolicyUpdater:
                 "shared-prefix rows need model.attn_implementation sdpa or eager; set "
                 "trainer.prefix_sharing: false for this attention"
             )
+        if self.routing is not None:
+            self.routing.start_step()
         with _dropout_off(self.model, self.ref_model):
-            return self._step(packs)
+            metrics = self._step(packs)
+        return metrics | (self.routing.metrics() if self.routing is not None else {})
+
+    def _routed(self, model: torch.nn.Module, pack: Pack, index: int):
+        """The forward's routing: replayed or compared on an MoE model (routing_replay.py)."""
+        if self.routing is None:
+            return nullcontext()
+        return self.routing.forward(model, pack, index)
 
     def _logprobs_no_grad(self, model: torch.nn.Module, packs: list[Pack]) -> list[torch.Tensor]:
+        out = []
         with torch.no_grad():
-            return [forward_logprobs(model, p, self.temperature, False)[0] for p in packs]
+            for i, p in enumerate(packs):
+                with self._routed(model, p, i):
+                    out.append(forward_logprobs(model, p, self.temperature, False)[0])
+        return out
 
     def _step(self, packs: list[Pack]) -> dict[str, float]:
         algo, device = self.algo, model_device(self.model)
@@ -145,9 +161,10 @@ class PolicyUpdater:
                 for i in group:
                     old_i = old[i] if old is not None else None
                     ref_i = ref[i] if ref is not None else None
-                    loss = self._micro_loss(
-                        packs[i], masks[i], old_i, ref_i, num_tokens, num_seqs, sums
-                    )
+                    with self._routed(self.model, packs[i], i):
+                        loss = self._micro_loss(
+                            packs[i], masks[i], old_i, ref_i, num_tokens, num_seqs, sums
+                        )
                     loss.backward()
                 grad_norms.append(self._optimizer_step())
         self.scheduler.step()

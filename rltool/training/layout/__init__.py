@@ -7,7 +7,7 @@ these packs and ``inspect-batch`` shows them.
   ``trainer.pack_max_length``;
 - shared prefix (``shared_prefix.py``, ``trainer.prefix_sharing``): the plain
   rows regrouped so each prompt is laid out once per row, its samples as
-  branches. Rows carrying routing replay or teacher targets stay plain.
+  branches. Rows carrying teacher targets stay plain.
 
 Shape legend: S = training samples.
 """
