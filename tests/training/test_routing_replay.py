@@ -210,7 +210,7 @@ def test_replay_needs_routed_experts_and_an_moe_model(tokenizer):
     groups = rollouts(model, tokenizer, record_routing=False)
     assert groups[0][0].routed_experts is None
     packs = packs_of(groups, shared=False)
-    with pytest.raises(ValueError, match="pack 0 carries no routed_experts.*record_routing"):
+    with pytest.raises(ValueError, match=r"pack 0 carries no routed_experts.*record_routing"):
         make_updater(model, replay=True).step(packs)
     assert "actor/routing_mismatch" not in make_updater(model, replay=False).step(packs)
     from tiny_models import random_qwen2
@@ -222,6 +222,8 @@ def test_replay_needs_routed_experts_and_an_moe_model(tokenizer):
 def test_a_recording_from_another_model_is_named():
     model = random_moe(40, "qwen3_moe", top_k=2)
     bad = torch.zeros(5, 3, 2, dtype=torch.long)  # 3 layers, the model has 2
-    with pytest.raises(ValueError, match="3 layers x 2 experts.*2 MoE layers x top-2"):
-        with replaying(model, find_routers(model), bad):
-            pass
+    with (
+        pytest.raises(ValueError, match=r"3 layers x 2 experts.*2 MoE layers x top-2"),
+        replaying(model, find_routers(model), bad),
+    ):
+        pass
