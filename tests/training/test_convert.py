@@ -247,9 +247,10 @@ def test_prefix_sharing_with_routed_experts_shares_only_equal_routing() -> None:
     assert isinstance(p, SharedPack)
     # tree of a, c: prefix 1 2, branches a: 3 7, c: 3 4 5; tree of b: 1 2 3 (no branch split)
     assert p.input_ids.tolist() == [1, 2, 3, 7, 3, 4, 5, 1, 2, 3]
-    assert p.routed_experts[:, 0].tolist() == [
-        [t % 4, 4 + t % 4] for t in [1, 2, 3, 7, 3, 4, 5]
-    ] + [[5, 6]] * 3
+    assert (
+        p.routed_experts[:, 0].tolist()
+        == [[t % 4, 4 + t % 4] for t in [1, 2, 3, 7, 3, 4, 5]] + [[5, 6]] * 3
+    )
 
 
 def test_extras_take_the_same_shift() -> None:
