@@ -36,10 +36,10 @@ def test_a_recording_with_an_unrouted_last_position_is_clean() -> None:
     ("rows", "num_experts", "position", "says"),
     [
         (GOOD[:5], None, None, "length 5 != len(input_ids) 6"),
-        (GOOD[:2] + [[[0, 1], [2, 4]]] + GOOD[3:], 4, 2, "not all [0, 4)"),
-        (GOOD[:2] + [[[0, 1], [2, 4]]] + GOOD[3:], None, None, None),  # 4 fine: bound unknown
-        (GOOD[:1] + [[[0, -1], [2, 3]]] + GOOD[2:], None, 1, "not all >= 0"),
-        (GOOD[:3] + [[[0, 1], [3, 3]]] + GOOD[4:], None, 3, "chosen twice in one layer"),
+        ([*GOOD[:2], [[0, 1], [2, 4]], *GOOD[3:]], 4, 2, "not all [0, 4)"),
+        ([*GOOD[:2], [[0, 1], [2, 4]], *GOOD[3:]], None, None, None),  # 4 fine: bound unknown
+        ([*GOOD[:1], [[0, -1], [2, 3]], *GOOD[2:]], None, 1, "not all >= 0"),
+        ([*GOOD[:3], [[0, 1], [3, 3]], *GOOD[4:]], None, 3, "chosen twice in one layer"),
     ],
 )
 def test_shape_and_ranges_are_named(rows, num_experts, position, says) -> None:
@@ -52,7 +52,7 @@ def test_shape_and_ranges_are_named(rows, num_experts, position, says) -> None:
 
 
 def test_validate_rollouts_checks_routing_against_num_experts(tmp_path: Path) -> None:
-    bad = GOOD[:2] + [[[0, 1], [2, 7]]] + GOOD[3:]
+    bad = [*GOOD[:2], [[0, 1], [2, 7]], *GOOD[3:]]
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({**WORKED, "routed_experts": bad}) + "\n")
     args = ["validate-rollouts", "--format", "json", str(path)]
