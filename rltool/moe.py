@@ -104,12 +104,12 @@ def _hooked(
 @contextmanager
 def recording(model: torch.nn.Module, routers: Routers) -> Iterator[list[torch.Tensor]]:
     """Yields a list that gets, per forward of ``model``, the chosen experts [B, S, L, k]
-    (cpu, int64), in call order."""
+    (on the model's device: no sync per decode step), in call order."""
     out: list[torch.Tensor] = []
     layers: list[torch.Tensor] = []
 
     def on_route(layer: int, output: tuple, bs: tuple[int, int]) -> None:
-        layers.append(output[2].detach().to("cpu", torch.long).view(*bs, -1))  # [B, S, k]
+        layers.append(output[2].detach().view(*bs, -1))  # [B, S, k]
         if layer == routers.layers - 1:
             out.append(torch.stack(layers, dim=2))  # [B, S, L, k]
             layers.clear()

@@ -33,8 +33,8 @@ def rows_routing(
     if shared_prefill:
         distinct: dict[tuple[int, ...], int] = {}  # the same order as SharedPrefill.cache
         row_of = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]  # [B]
-        parts[0] = parts[0][torch.tensor(row_of)]  # [B, P - 1, L, k]
-    fed = torch.cat(parts, dim=1).numpy()  # [B, P + steps, L, k]
+        parts[0] = parts[0][torch.tensor(row_of, device=parts[0].device)]  # [B, P - 1, L, k]
+    fed = torch.cat(parts, dim=1).to("cpu", torch.long).numpy()  # [B, P + steps, L, k]
     width = max(len(c) for c in contexts)  # P
     out = []
     for b, (c, n) in enumerate(zip(contexts, new_tokens, strict=True)):
