@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "rltool.rewards": 2,
     "rltool.models": 2,
     "rltool.lora": 2,  # LoRA adapters on a model (peft)
+    "rltool.moe": 2,
     "rltool.data": 2,
     "rltool.demo": 2,  # data, tokenizer and cache paths of the demo
     "rltool.agent_loops": 3,

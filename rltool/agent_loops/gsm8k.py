@@ -121,6 +121,7 @@ class GSM8KLoop(AgentLoop):
             response_text=gen.text,
             finish_reason=gen.finish_reason,
             response_model_steps=list(gen.model_steps),
+            routed_experts=gen.routed_experts,  # [P + R, L, k] aligned with input_ids, or None
             extra={"ground_truth": truth},
         )
         return build_or_fail(state, gen.logprobs, self.tokenize_text)

@@ -29,6 +29,7 @@ from rltool.config.schema import RecipeConfig
 from rltool.report.batch_json import batch_to_json
 from rltool.report.console import make_console
 from rltool.report.inspect_view import Decoder, render_batch, stale_positions, tokenizer_decoder
+from rltool.report.routing_view import parse_routing_request, render_routing, routing_of_token
 from rltool.rollout.io import not_a_file_reason, read_groups
 from rltool.rollout.staleness import StalenessLimits, bake_staleness
 from rltool.rollout.state import RolloutState, Status, group_status
@@ -226,6 +227,13 @@ def inspect_batch(
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="rich: terminal view; json: one object.")
     ] = OutputFormat.RICH,
+    routing: Annotated[
+        str | None,
+        typer.Option(
+            help="ROLLOUT_ID:POSITION: show only that input token's MoE experts per layer, "
+            "recorded and as its packed row replays them."
+        ),
+    ] = None,
 ) -> None:
     """Convert rollouts exactly as training would and show the packed batch token by token.
 
@@ -266,6 +274,13 @@ def inspect_batch(
         batch.data_info["data/staleness/stale_tokens"] = float(baked.cleared)
         batch.data_info["data/staleness/expired_samples"] = float(baked.expired)
         indices = select_samples(batch, sample, limit)
+        if routing is not None:
+            try:
+                token_routing = routing_of_token(
+                    batch, source.groups, *parse_routing_request(routing)
+                )
+            except ValueError as exc:
+                raise UserError(str(exc), 1) from exc
         tok = source.tokenizer
         if tokenizer is not None and output_format == OutputFormat.RICH:
             tok = _load_tokenizer(tokenizer)
@@ -273,10 +288,16 @@ def inspect_batch(
         # Text, not markup: messages hold brackets (field[3], lists)
         make_console(stderr=True).print(Text.assemble(("error:", "error"), f" {exc}"))
         raise typer.Exit(exc.code) from exc
+    decode: Decoder | None = None if tok is None else tokenizer_decoder(tok)
+    if routing is not None:
+        if output_format == OutputFormat.JSON:
+            typer.echo(json.dumps(token_routing))
+        else:
+            render_routing(make_console(), token_routing, decode)
+        return
     if output_format == OutputFormat.JSON:
         typer.echo(json.dumps(batch_to_json(batch, indices)))
         return
-    decode: Decoder | None = None if tok is None else tokenizer_decoder(tok)
     render_batch(
         make_console(),
         batch,

@@ -26,6 +26,12 @@ def validate_rollouts(
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="rich: readable report; json: one object.")
     ] = OutputFormat.RICH,
+    num_experts: Annotated[
+        int | None,
+        typer.Option(
+            "--num-experts", min=1, help="The MoE model's expert count: bounds routed_experts."
+        ),
+    ] = None,
 ) -> None:
     """Check rollout files against every invariant of the data contract (section 4).
 
@@ -40,7 +46,7 @@ def validate_rollouts(
         with byte_progress(
             err_console, total, description="validating", min_total=PROGRESS_MIN_BYTES
         ) as progress:
-            report = validate_files(paths, progress=progress)
+            report = validate_files(paths, progress=progress, num_experts=num_experts)
     except InputError as err:
         err_console.print(Text.assemble(("error:", "error"), f" {err}"))
         raise typer.Exit(2) from err

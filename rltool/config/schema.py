@@ -97,6 +97,8 @@ class RolloutConfig:
     # when new weights wait)
     chunk_tokens: int | None = None  # None = no pause points: new weights wait for the next call
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm
+    # record each position's MoE experts (routed_experts); None = when the model has routers
+    record_routing: bool | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.0)
@@ -195,6 +197,8 @@ class AlgorithmConfig:
     max_staleness: int | None = None
     max_token_staleness: int | None = None
     sync_interval: int = 1
+    # train with the rollout's MoE experts (routed_experts) instead of the router's top-k
+    routing_replay: bool = False
 
 
 @dataclass

@@ -12,8 +12,13 @@ from pathlib import Path
 
 DEMO_NAME = "tiny-gsm8k-v2"  # v2: the smaller fact table of data.py
 STUDENT_NAME = "tiny-gsm8k-student-v2"
+MOE_NAME = "tiny-gsm8k-moe-v1"  # Qwen3-MoE, 8 experts top-2: routing replay's demo
 # builtin name (``model.path: builtin:<name>``) -> cache directory name
-BUILTIN_DIRS: dict[str, str] = {"tiny-gsm8k": DEMO_NAME, "tiny-gsm8k-student": STUDENT_NAME}
+BUILTIN_DIRS: dict[str, str] = {
+    "tiny-gsm8k": DEMO_NAME,
+    "tiny-gsm8k-student": STUDENT_NAME,
+    "tiny-gsm8k-moe": MOE_NAME,
+}
 
 
 def demo_cache_dir(builtin: str = "tiny-gsm8k") -> Path:

@@ -18,10 +18,17 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from rltool.config.schema import SamplingConfig
-from rltool.demo.cache import DEMO_NAME, STUDENT_NAME, demo_cache_dir
+from rltool.demo.cache import DEMO_NAME, MOE_NAME, STUDENT_NAME, demo_cache_dir
 from rltool.demo.data import GSM8K_TINY_DIR, Problem, extract_answer, prompt_messages, read_jsonl
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.engines.hf import HFEngine
@@ -62,6 +69,7 @@ STUDENT_SFT = SFTSettings(max_steps=30, warmup_steps=10, target_accuracy=None, e
 BUILD_ARGS: dict[str, dict] = {
     "tiny-gsm8k": {},
     "tiny-gsm8k-student": {"settings": STUDENT_SFT, "name": STUDENT_NAME},
+    "tiny-gsm8k-moe": {"name": MOE_NAME, "moe": True},
 }
 
 
@@ -80,6 +88,32 @@ def demo_model_config(
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
         intermediate_size=intermediate_size,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+        attn_implementation="sdpa",
+    )
+
+
+def demo_moe_config(tokenizer: PreTrainedTokenizerBase) -> Qwen3MoeConfig:
+    """The MoE demo (``builtin:tiny-gsm8k-moe``): the dense demo's shape with every MLP a
+    Qwen3-MoE block of 8 experts, top-2, each half the dense MLP's width (so a token's
+    expert compute matches the dense model's)."""
+    return Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=688,
+        moe_intermediate_size=344,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -110,7 +144,7 @@ def _right_pad(rows: Sequence[list[int]], value: int) -> torch.Tensor:
 
 
 def train_sft(
-    model: Qwen2ForCausalLM,
+    model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     settings: SFTSettings,
@@ -154,7 +188,7 @@ def train_sft(
 
 
 def greedy_accuracy(
-    model: Qwen2ForCausalLM,
+    model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     batch_size: int = 100,
@@ -194,12 +228,14 @@ def build_demo_checkpoint(
     settings: SFTSettings | None = None,
     show_progress: bool = True,
     name: str = DEMO_NAME,
+    moe: bool = False,
 ) -> dict:
     """Train tokenizer and model, save them to ``out_dir``; returns the build info.
 
     ``out_dir`` gets ``config.json``, ``model.safetensors``, the tokenizer files,
     ``optimizer.pt`` (the AdamW state_dict after SFT) and ``build_info.json``.
-    Deterministic in ``seed``; the caller's global RNG state is left untouched.
+    Deterministic in ``seed``; the caller's global RNG state is left untouched. ``moe``:
+    the Qwen3-MoE shape of ``demo_moe_config`` instead of the dense Qwen2.
     """
     settings = settings or SFTSettings()
     out = Path(out_dir)
@@ -212,7 +248,10 @@ def build_demo_checkpoint(
         progress if progress is not None else contextlib.nullcontext(),
     ):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(demo_model_config(tokenizer))
+        if moe:
+            model: PreTrainedModel = Qwen3MoeForCausalLM(demo_moe_config(tokenizer))
+        else:
+            model = Qwen2ForCausalLM(demo_model_config(tokenizer))
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         generator = torch.Generator().manual_seed(seed)

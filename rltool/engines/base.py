@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rltool.config.schema import SamplingConfig
@@ -24,6 +25,9 @@ class Generation:
     model_steps: list[int]  # [R] policy version (train step of the weights) per token
     finish_reason: str  # "stop" (EOS or stop string) | "length"
     text: str  # decoded token_ids, special tokens skipped
+    # [P + R, L, k] MoE experts per position of prompt + token_ids (rows of -1: never fed to
+    # the model, as the last token); None for a dense model or an engine that cannot record
+    routed_experts: np.ndarray | None = None
 
 
 class RolloutEngine(ABC):

@@ -7,6 +7,7 @@ Design (weights and partial rollouts, logprobs, seeding): docs/engines.md#the-hu
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -20,8 +21,10 @@ from transformers.generation.stopping_criteria import StoppingCriteria, StopStri
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
 from rltool.engines.hf_prefill import SharedPrefill, left_pad
+from rltool.engines.hf_routing import rows_routing
 from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights, eos_ids
 from rltool.engines.registry import ENGINES
+from rltool.moe import find_routers, recording
 
 
 def _generation_config(sampling: SamplingConfig, eos: list[int], pad_id: int) -> GenerationConfig:
@@ -75,6 +78,7 @@ class _RowsSoFar:
     logprobs: list[list[float]]
     steps: list[list[int]]
     finished: list[bool]
+    routing: list[Any]  # [C + R, L, k] per row, from its latest call (None: not recorded)
 
     @classmethod
     def empty(cls, rows: int) -> _RowsSoFar:
@@ -83,6 +87,7 @@ class _RowsSoFar:
             [[] for _ in range(rows)],
             [[] for _ in range(rows)],
             [False] * rows,
+            [None] * rows,
         )
 
 
@@ -98,7 +103,10 @@ class HFEngine(RolloutEngine):
         model_step: int = 0,
         chunk_tokens: int | None = None,
         share_prefill: bool = True,
+        record_routing: bool | None = None,
     ):
+        """``record_routing``: record the experts of every position (MoE models); None =
+        whenever the model has MoE routers."""
         if batch_size < 1:
             raise ValueError(f"rollout.batch_size must be >= 1, got {batch_size}")
         if chunk_tokens is not None and chunk_tokens < 1:
@@ -113,6 +121,8 @@ class HFEngine(RolloutEngine):
         self.pad_id = self.eos_ids[0] if pad is None else pad
         # None: every row prefills its own context, repeats included (the reference path)
         self._prefill = SharedPrefill(model, self.pad_id) if share_prefill else None
+        required = "rollout.record_routing" if record_routing else None
+        self._routers = find_routers(model, required) if record_routing is not False else None
         # weights handed over while a generate runs wait here for the next chunk boundary
         self._lock = threading.Lock()
         self._generating = False
@@ -212,8 +222,9 @@ class HFEngine(RolloutEngine):
             self._apply_pending()
             contexts = [[*prompts[r], *rows.tokens[r]] for r in active]
             budget = sampling.max_new_tokens - done
-            new, logprobs, finished = self._generate_rows(contexts, sampling, budget)
-            for r, t, lp, fin in zip(active, new, logprobs, finished, strict=True):
+            new, logprobs, finished, routing = self._generate_rows(contexts, sampling, budget)
+            for r, t, lp, fin, rt in zip(active, new, logprobs, finished, routing, strict=True):
+                rows.routing[r] = rt  # a continued row's context was routed again: the latest
                 rows.tokens[r] += t
                 rows.logprobs[r] += lp
                 rows.steps[r] += [self._model_step] * len(t)
@@ -225,6 +236,7 @@ class HFEngine(RolloutEngine):
                 model_steps=rows.steps[r],
                 finish_reason="stop" if rows.finished[r] else "length",
                 text=self.tokenizer.decode(rows.tokens[r], skip_special_tokens=True),
+                routed_experts=rows.routing[r],
             )
             for r in range(len(prompts))
         ]
@@ -232,9 +244,10 @@ class HFEngine(RolloutEngine):
     @torch.no_grad()
     def _generate_rows(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingConfig, max_new: int
-    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    ) -> tuple[list[list[int]], list[list[float]], list[bool], list[Any]]:
         """One ``generate`` call of at most ``max_new`` tokens: per row the new tokens (up to
-        and including EOS or the stop string), their logprobs, and whether the row ended."""
+        and including EOS or the stop string), their logprobs, whether the row ended, and the
+        experts of context + new tokens (None per row when not recorded)."""
         device = self.model.device
         ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
         stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
@@ -247,14 +260,19 @@ class HFEngine(RolloutEngine):
             criteria.append(pause)
         cfg = _generation_config(sampling, self.eos_ids, self.pad_id)
         cfg.max_new_tokens = max_new
-        cache = None if self._prefill is None else self._prefill.cache(contexts, mask)
-        res = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            generation_config=cfg,
-            stopping_criteria=criteria,
-            **({} if cache is None else {"cache": cache}),
-        )
+        with (
+            recording(self.model, self._routers)
+            if self._routers is not None
+            else contextlib.nullcontext([]) as forwards
+        ):
+            cache = None if self._prefill is None else self._prefill.cache(contexts, mask)
+            res = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=cfg,
+                stopping_criteria=criteria,
+                **({} if cache is None else {"cache": cache}),
+            )
         new = res.sequences[:, ids.shape[1] :]  # [B, T]
         temperature = sampling.temperature if sampling.temperature > 0 else 1.0
         logits = torch.stack(res.logits, dim=1).float()  # [B, T, V]
@@ -266,7 +284,10 @@ class HFEngine(RolloutEngine):
         lengths = torch.where(finished, recorder.lengths, new.shape[1]).tolist()  # [B]
         tokens = [new[row, :n].tolist() for row, n in enumerate(lengths)]
         lps = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
-        return tokens, lps, finished.tolist()
+        routing: list[Any] = [None] * len(contexts)
+        if self._routers is not None:
+            routing = rows_routing(forwards, contexts, lengths, cache is not None)
+        return tokens, lps, finished.tolist(), routing
 
 
 @ENGINES.register("hf")
@@ -276,5 +297,9 @@ def build_hf_engine(
     """``rollout.engine: hf``: ``generate`` on the policy loaded in this process."""
     assert model is not None and tokenizer is not None, "the hf engine needs a loaded model"
     return HFEngine(
-        model, tokenizer, batch_size=rollout.batch_size, chunk_tokens=rollout.chunk_tokens
+        model,
+        tokenizer,
+        batch_size=rollout.batch_size,
+        chunk_tokens=rollout.chunk_tokens,
+        record_routing=rollout.record_routing,
     )

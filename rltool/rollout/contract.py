@@ -20,6 +20,7 @@ from enum import StrEnum
 import numpy as np
 
 from rltool.rollout.fields import Block, TokenFields, concat_fields, first_per_segment, segments
+from rltool.rollout.routing import ROUTING_INVARIANT, routing_problems
 from rltool.rollout.state import RolloutState, Status
 
 LOGPROB_TOLERANCE = 1e-4  # engines round; a supervised logprob may be a hair above 0
@@ -89,8 +90,9 @@ def _lengths(s: RolloutState) -> list[Violation]:
     return out
 
 
-def _extras(s: RolloutState, t: int) -> list[Violation]:
-    """Per-position extras have one entry per position of input_ids."""
+def _extras(s: RolloutState, t: int, num_experts: int | None = None) -> list[Violation]:
+    """Per-position extras have one entry per position of input_ids; routed_experts' ids
+    are in range."""
     rows = [("routed_experts", s.routed_experts)]
     if s.teacher_targets is not None:
         tt = s.teacher_targets
@@ -102,6 +104,9 @@ def _extras(s: RolloutState, t: int) -> list[Violation]:
         Violation(s.rollout_id, name, f"length {len(a)} != len(input_ids) {t}", 1)
         for name, a in rows
         if a is not None and len(a) != t
+    ] + [
+        Violation(s.rollout_id, "routed_experts", msg, ROUTING_INVARIANT, at)
+        for at, msg in routing_problems(s.routed_experts, num_experts)
     ]
 
 
@@ -118,7 +123,9 @@ class _Shapes:
     with_steps: list[bool]  # response_model_steps has one entry per response token
 
 
-def _shapes(samples: Sequence[RolloutState], rows: Sequence[int]) -> _Shapes:
+def _shapes(
+    samples: Sequence[RolloutState], rows: Sequence[int], num_experts: int | None = None
+) -> _Shapes:
     """The length checks of the samples ``rows`` that need no token (invariants 2, 5, extras).
 
     Where prompt_ids or response_ids cannot be lined up with input_ids, ``expected``
@@ -146,7 +153,7 @@ def _shapes(samples: Sequence[RolloutState], rows: Sequence[int]) -> _Shapes:
             msg = f"length {len(steps)} != number of response tokens {t - p}"
             out.steps.append((i, Violation(rid, "response_model_steps", msg, 5)))
         out.with_steps.append(fits)
-        out.extras += [(i, v) for v in _extras(s, t)]
+        out.extras += [(i, v) for v in _extras(s, t, num_experts)]
     return out
 
 
@@ -297,10 +304,14 @@ def _step_order(samples: Sequence[RolloutState], rows: Sequence[int], f: TokenFi
 
 
 def check_samples(
-    samples: Sequence[RolloutState], *, require_reward: bool | Sequence[bool] = True
+    samples: Sequence[RolloutState],
+    *,
+    require_reward: bool | Sequence[bool] = True,
+    num_experts: int | None = None,
 ) -> Checked:
-    """Every section-4 violation (invariants 1-6, 8) of every sample; ``require_reward``
-    for all samples or per sample. The samples whose lengths agree are checked at every
+    """Every section-4 violation (invariants 1-6, 8; 9: routed_experts' ranges, against
+    ``num_experts`` when known) of every sample; ``require_reward`` for all samples or per
+    sample. The samples whose lengths agree are checked at every
     position together, on their fields concatenated once (returned for reuse)."""
     needs = [require_reward] * len(samples) if isinstance(require_reward, bool) else require_reward
     reward: _Found = []
@@ -314,7 +325,7 @@ def check_samples(
         lengths += [(i, v) for v in found]
         if not found:
             rows.append(i)
-    shapes = _shapes(samples, rows)
+    shapes = _shapes(samples, rows, num_experts)
     checkable = [samples[i] for i in rows]
     n = sum(len(s.input_ids) for s in checkable)
     scan = _Scan(shapes.expected, np.empty(n, dtype=bool), np.empty(n, dtype=bool))

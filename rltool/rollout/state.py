@@ -2,7 +2,8 @@
 
 The record every part of rltool agrees on; see ``shared/design/data-contract.md``.
 Shape legend used in comments: T = len(input_ids) (full sequence, unshifted),
-P = len(prompt_ids), R = len(response_ids) = T - P, K = top-k width.
+P = len(prompt_ids), R = len(response_ids) = T - P, K = top-k width,
+L = MoE layers.
 
 Token fields are numpy arrays in the program (int64 ids, labels and steps, float64
 logprobs) and lists only in JSON: validation converts a list or an array in one
@@ -64,7 +65,10 @@ class _ArrayOf:
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
         item: type = int if self.dtype.kind == "i" else float
-        lists = handler.generate_schema(list[item] if self.ndim == 1 else list[list[item]])
+        nested: Any = item
+        for _ in range(self.ndim):
+            nested = list[nested]
+        lists = handler.generate_schema(nested)
         return core_schema.no_info_wrap_validator_function(
             self._validate,
             lists,
@@ -99,7 +103,7 @@ class _ArrayOf:
             raise PydanticCustomError("int64", "a value does not fit a 64-bit integer") from exc
         except ValueError as exc:
             raise PydanticCustomError("rows", "rows differ in width") from exc
-        if out.ndim != self.ndim:  # only [] for a 2-D field: no rows, no width
+        if out.ndim != self.ndim:  # only [] (or [[]]) for a 2-D or 3-D field: no rows, no width
             out = out.reshape((0,) * self.ndim)
         return out
 
@@ -136,6 +140,7 @@ IntArray = Annotated[np.ndarray, _ArrayOf(np.int64, 1)]  # [N] int64
 FloatArray = Annotated[np.ndarray, _ArrayOf(np.float64, 1)]  # [N] float64
 IntArray2D = Annotated[np.ndarray, _ArrayOf(np.int64, 2)]  # [N, K] int64
 FloatArray2D = Annotated[np.ndarray, _ArrayOf(np.float64, 2)]  # [N, K] float64
+IntArray3D = Annotated[np.ndarray, _ArrayOf(np.int64, 3)]  # [N, L, K] int64
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -213,7 +218,8 @@ class RolloutState(_Record):
     labels: IntArray | None = None  # [T], -100 = not supervised
     logprobs: FloatArray | None = None  # [T], 0.0 where not supervised
     response_model_steps: IntArray | None = None  # [R], policy version per token
-    routed_experts: IntArray2D | None = None  # [T, K] MoE router choices
+    # [T, L, k] MoE experts of each position per MoE layer, -1 rows where never routed
+    routed_experts: IntArray3D | None = None
     teacher_targets: TeacherTargets | None = None
 
     def to_json(self) -> str:

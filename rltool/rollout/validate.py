@@ -120,6 +120,7 @@ class _Checker:
     prev_group: str | None = None  # group_id of the previous sample in the current file
     pending: list[tuple[int, int, RolloutState]] = field(default_factory=list)  # unchecked
     pending_tokens: int = 0
+    num_experts: int | None = None  # routed_experts ids must be below it (when known)
 
     def add(self, file_idx: int, line: int, s: RolloutState) -> None:
         """Queue a sample; check the queue once it holds ``BATCH_TOKENS`` tokens."""
@@ -131,7 +132,7 @@ class _Checker:
     def flush(self) -> None:
         """Check the queued samples together, then record their findings in line order."""
         samples = [s for _, _, s in self.pending]
-        found = check_samples(samples).violations
+        found = check_samples(samples, num_experts=self.num_experts).violations
         for (file_idx, line, s), violations in zip(self.pending, found, strict=True):
             self._record(file_idx, line, s, violations)
         self.pending, self.pending_tokens = [], 0
@@ -215,9 +216,13 @@ def check_readable(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def validate_files(
-    paths: Sequence[str | Path], *, progress: ProgressFn | None = None
+    paths: Sequence[str | Path],
+    *,
+    progress: ProgressFn | None = None,
+    num_experts: int | None = None,
 ) -> ValidationReport:
     """Check every sample of every file; every violation is collected, none raised.
+    ``num_experts``: the MoE model's expert count, the bound of routed_experts' ids.
 
     A file without a non-blank line is an error ("no samples", line 0). Raises
     InputError when a file is missing, not a regular file (a directory, a FIFO), or
@@ -225,7 +230,7 @@ def validate_files(
     """
     resolved = check_readable(paths)
     report = ValidationReport(files=len(resolved))
-    checker = _Checker(resolved, report)
+    checker = _Checker(resolved, report, num_experts=num_experts)
     for file_idx, path in enumerate(resolved):
         lines = 0
         try:

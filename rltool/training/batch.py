@@ -1,7 +1,7 @@
 """What the trainer sees: packed rows built from shifted samples.
 
 Shape legend: N = tokens in one packed row (<= pack_max_length),
-S = samples in that row, K = top-k width of a per-position extra.
+S = samples in that row, K = top-k width of a per-position extra, L = MoE layers.
 
 One packed row holds several shifted samples back to back::
 
@@ -48,7 +48,7 @@ class Pack:
     cu_seq_lens: torch.Tensor  # [S + 1] int32, sample boundaries
     max_seq_len: int  # longest sample in the row
     sample_index: list[int]  # [S] index into TrainBatch.samples, in row order
-    routed_experts: torch.Tensor | None = None  # [N, K] long, aligned by the shift
+    routed_experts: torch.Tensor | None = None  # [N, L, K] long, experts of each input token
     teacher_token_ids: torch.Tensor | None = None  # [N, K] long, aligned by the shift
     teacher_logprobs: torch.Tensor | None = None  # [N, K] float32, aligned by the shift
     teacher_kind: str | None = None  # "topk" | "sampled"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -45,6 +45,7 @@ from rltool.training.losses import (
     ppo_policy_loss,
     tis_weights,
 )
+from rltool.training.routing_replay import RoutingReplay
 from rltool.training.sharding import Shard, full_tensor, rank_slots, reduce_sums
 
 
@@ -114,20 +115,35 @@ class PolicyUpdater:
         self.grad_clip = grad_clip if grad_clip and grad_clip > 0 else math.inf
         self.temperature, self.norm_len = temperature, norm_len
         self.shard = shard
+        # MoE policies: replay (algorithm.routing_replay) and the mismatch metric
+        self.routing = RoutingReplay.for_models(model, ref_model, algo.routing_replay)
 
     def step(self, packs: list[Pack]) -> dict[str, float]:
         """One train step over every pack; returns ``actor/*`` metrics."""
         if not packs:
             raise ValueError("PolicyUpdater.step needs at least one pack")
         check_attention(self.model, packs)  # the kernels conversion chose
+        if self.routing is not None:
+            self.routing.start_step()
         with _dropout_off(self.model, self.ref_model):
-            return self._step(packs)
+            metrics = self._step(packs)
+        return metrics | (self.routing.metrics() if self.routing is not None else {})
+
+    def _routed(self, model: torch.nn.Module, pack: Pack, index: int):
+        """The forward's routing: replayed or compared on an MoE model (routing_replay.py)."""
+        if self.routing is None:
+            return nullcontext()
+        return self.routing.forward(model, pack, index)
 
     def _logprobs_no_grad(
         self, model: torch.nn.Module, packs: list[Pack], rows: list[int]
     ) -> dict[int, torch.Tensor]:
+        out = {}
         with torch.no_grad():
-            return {i: forward_logprobs(model, packs[i], self.temperature, False)[0] for i in rows}
+            for i in rows:
+                with self._routed(model, packs[i], i):
+                    out[i] = forward_logprobs(model, packs[i], self.temperature, False)[0]
+        return out
 
     def _slots(self, group: list[int], counts: list[tuple[int, int]]) -> list[tuple[int, bool]]:
         """(row, live) this process trains of a mini-batch: all of it alone; under a shard,
@@ -163,9 +179,10 @@ class PolicyUpdater:
                     # a padding slot (live False) has no active token: zero loss and gradient
                     mask = masks[i] if live else torch.zeros_like(masks[i])
                     into = sums if live else defaultdict(lambda: torch.zeros((), device=device))
-                    loss = self._micro_loss(
-                        packs[i], mask, old_i, ref_i, num_tokens, num_seqs, into
-                    )
+                    with self._routed(self.model, packs[i], i):
+                        loss = self._micro_loss(
+                            packs[i], mask, old_i, ref_i, num_tokens, num_seqs, into
+                        )
                     (loss * scale if scale != 1.0 else loss).backward()
                 grad_norms.append(self._optimizer_step())
         self.scheduler.step()

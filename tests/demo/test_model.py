@@ -6,23 +6,26 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM, Qwen3MoeForCausalLM
 
 import rltool.demo.model as demo_model
 from rltool.config.schema import ModelConfig
 from rltool.demo.data import Problem
 from rltool.demo.model import (
+    BUILD_ARGS,
     BUILD_INFO_FILE,
     OPTIMIZER_FILE,
     SFTSettings,
     build_demo_checkpoint,
     demo_cache_dir,
     demo_model_config,
+    demo_moe_config,
     encode_sft_example,
     ensure_demo_checkpoint,
 )
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.models import load_model_and_tokenizer
+from rltool.moe import find_routers
 from rltool.rollout.state import IGNORE_INDEX
 
 
@@ -48,6 +51,36 @@ def test_demo_config_is_a_3m_qwen2(tok):
     with torch.device("meta"):
         n = sum(p.numel() for p in Qwen2ForCausalLM(cfg).parameters())
     assert 3.0e6 < n < 3.6e6
+
+
+def test_moe_demo_config_is_qwen3_moe_with_the_dense_shape(tok):
+    """builtin:tiny-gsm8k-moe: every layer 8 experts top-2, each half the dense MLP, so a
+    token's expert compute is the dense demo's."""
+    cfg = demo_moe_config(tok)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_experts) == (256, 4, 8)
+    assert (
+        cfg.num_experts_per_tok * cfg.moe_intermediate_size
+        == demo_model_config(tok).intermediate_size
+    )
+    with torch.device("meta"):
+        model = Qwen3MoeForCausalLM(cfg)
+    routers = find_routers(model)
+    assert (routers.layers, routers.top_k, routers.num_experts) == (4, 2, 8)
+
+
+@pytest.mark.slow
+def test_reduced_moe_build_loads_as_the_builtin(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLTOOL_CACHE", str(tmp_path / "cache"))
+    settings = SFTSettings(
+        max_steps=2, batch_size=4, probe_from=2, probe_every=2, probe_problems=4, eval_problems=4
+    )
+    out = demo_cache_dir("tiny-gsm8k-moe")
+    info = build_demo_checkpoint(
+        out, settings=settings, show_progress=False, **BUILD_ARGS["tiny-gsm8k-moe"]
+    )
+    assert info["name"] == "tiny-gsm8k-moe-v1" and info["sft_steps"] == 2
+    model, _, _ = load_model_and_tokenizer(ModelConfig(path="builtin:tiny-gsm8k-moe"))
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
 
 
 def test_cache_dir_follows_rltool_cache(monkeypatch, tmp_path):

@@ -23,12 +23,12 @@ def sample(**overrides: object) -> RolloutState:
 
 
 def test_token_fields_are_arrays_of_one_dtype() -> None:
-    s = sample(routed_experts=[[1, 2]] * 6)
+    s = sample(routed_experts=[[[1, 2], [0, 3]]] * 6)  # [T, L, k]
     for name in ("prompt_ids", "response_ids", "input_ids", "labels", "response_model_steps"):
         a = getattr(s, name)
         assert isinstance(a, np.ndarray) and a.dtype == np.int64 and a.ndim == 1, name
     assert s.logprobs.dtype == np.float64 and s.logprobs.tolist() == WORKED["logprobs"]
-    assert s.routed_experts.dtype == np.int64 and s.routed_experts.shape == (6, 2)
+    assert s.routed_experts.dtype == np.int64 and s.routed_experts.shape == (6, 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,8 @@ def test_a_given_array_is_copied_so_each_sample_owns_its_fields() -> None:
         ("prompt_ids", [1, "a"], ("prompt_ids", 1), "valid integer"),
         ("labels", [[1], [2]], ("labels", 0), "valid integer"),
         ("logprobs", [0.0, "x"], ("logprobs", 1), "valid number"),
-        ("routed_experts", [[1], [2, 3]], ("routed_experts",), "rows differ in width"),
+        ("routed_experts", [[[1]], [[2, 3]]], ("routed_experts",), "rows differ in width"),
+        ("routed_experts", [[1, 2]], ("routed_experts", 0, 0), "valid list"),
         ("prompt_ids", [2**70], ("prompt_ids",), "does not fit a 64-bit integer"),
     ],
 )
@@ -76,7 +77,7 @@ def test_bad_values_are_named_with_their_position(
 def test_empty_fields_keep_their_dimensions() -> None:
     s = sample(response_model_steps=[], routed_experts=[])
     assert s.response_model_steps.dtype == np.int64 and s.response_model_steps.shape == (0,)
-    assert s.routed_experts.shape == (0, 0)
+    assert s.routed_experts.shape == (0, 0, 0)
 
 
 def test_json_is_lists_and_round_trips_nan_and_infinity() -> None:

@@ -260,21 +260,29 @@ def test_the_attention_kernel_is_chosen_at_conversion(
     assert type(q) is Pack and q.attention == plain_kernel
 
 
-def test_packs_with_extras_stay_plain_with_prefix_sharing() -> None:
+def test_prefix_sharing_with_routed_experts_shares_only_equal_routing() -> None:
+    """The prefix (inputs 1 2) is shared when its recorded experts agree too: b's prompt went
+    to other experts, so b gets a tree of its own; each position keeps its own routing."""
     group = _one_prompt_group()
     for s in group:
-        s.routed_experts = [[t] for t in s.input_ids]
+        s.routed_experts = [[[t % 4, 4 + t % 4]] for t in s.input_ids]  # [T, 1, 2]
+    group[1].routed_experts = [[[5, 6]]] * len(group[1].input_ids)
     cfg = ConversionConfig(pack_max_length=16, prefix_sharing=True)
-    batch = convert_groups([group], cfg)
-    assert [type(p) for p in batch.packs] == [Pack]
-    assert all(x.prefix_length == 0 and x.branch_start == x.start for x in batch.samples)
+    (p,) = convert_groups([group], cfg).packs
+    assert isinstance(p, SharedPack)
+    # tree of a, c: prefix 1 2, branches a: 3 7, c: 3 4 5; tree of b: 1 2 3 (no branch split)
+    assert p.input_ids.tolist() == [1, 2, 3, 7, 3, 4, 5, 1, 2, 3]
+    assert (
+        p.routed_experts[:, 0].tolist()
+        == [[t % 4, 4 + t % 4] for t in [1, 2, 3, 7, 3, 4, 5]] + [[5, 6]] * 3
+    )
 
 
 def test_extras_take_the_same_shift() -> None:
     def with_extras(rid: str, score: float) -> RolloutState:
         s = make(rid, [1, 2], [3, 4], [1, 1], [-0.3, -0.4], score=score)
         ids = s.input_ids.tolist()
-        s.routed_experts = [[t, t + 100] for t in ids]  # [T, 2]
+        s.routed_experts = [[[t, t + 100]] for t in ids]  # [T, 1, 2]
         s.teacher_targets = TeacherTargets(
             kind="topk",
             token_ids=[[t, t + 1] for t in ids],
@@ -286,7 +294,8 @@ def test_extras_take_the_same_shift() -> None:
         [[with_extras("e0", 1.0), with_extras("e1", 0.0)]], ConversionConfig(pack_max_length=16)
     )
     p = batch.packs[0]
-    assert p.routed_experts.tolist() == [[2, 102], [3, 103], [4, 104]] * 2  # routed_experts[1:]
+    # routing belongs to the model input: routed_experts[:-1], the targets' extras [1:]
+    assert p.routed_experts.tolist() == [[[1, 101]], [[2, 102]], [[3, 103]]] * 2
     assert p.teacher_token_ids.tolist() == [[2, 3], [3, 4], [4, 5]] * 2
     assert p.teacher_logprobs.tolist() == [[-1.0, -1.0], [-1.5, -1.0], [-2.0, -1.0]] * 2
     assert p.teacher_kind == "topk"
@@ -295,7 +304,7 @@ def test_extras_take_the_same_shift() -> None:
 def test_extras_on_some_samples_only_is_an_error() -> None:
     a = make("a", [1, 2], [3, 4], [1, 1], score=1.0)
     b = make("b", [1, 2], [3, 4], [1, 1], score=0.0)
-    a.routed_experts = [[0], [0], [0], [0]]
+    a.routed_experts = [[[0]], [[0]], [[0]], [[0]]]
     with pytest.raises(ValueError, match="sample b: routed_experts missing"):
         convert_groups([[a, b]], ConversionConfig(pack_max_length=16))
 
@@ -651,7 +660,7 @@ def _corruptions(s: RolloutState, group: list[RolloutState]) -> dict:
         "score_nan": setter("reward", {"score": math.nan}),
         "group_id": setter("group_id", "elsewhere"),
         "duplicate_id": setter("rollout_id", group[0].rollout_id),
-        "experts_short": setter("routed_experts", [[0]] * (t - 1)),
+        "experts_short": setter("routed_experts", [[[0]]] * (t - 1)),
     }
 
 

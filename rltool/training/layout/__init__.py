@@ -7,9 +7,8 @@ these packs and ``inspect-batch`` shows them.
   ``trainer.pack_max_length``;
 - shared prefix (``shared_prefix.py``, ``trainer.prefix_sharing``): the plain
   rows regrouped so each prompt is laid out once per row, its samples as
-  branches. Rows carrying routing replay or teacher targets stay plain, and so
-  do all rows when the attention has no kernel for shared rows (flash attention
-  on the CPU).
+  branches. Rows carrying teacher targets stay plain, and so do all rows when
+  the attention has no kernel for shared rows (flash attention on the CPU).
 
 Every pack records its attention kernel (``rltool.training.attention``).
 

@@ -7,8 +7,9 @@ per-position extra, B = packs.
 
 The one shift and the packing are both index arithmetic on the concatenated
 fields (``rltool.training.flat.Flat``): packed position j of sample s reads its
-model input at flat position ``start_s + j`` and its target, rollout logprob and
-extras at ``start_s + j + 1``, so no target ever crosses into the next sample.
+model input (and routed_experts, the routing of that input) at flat position
+``start_s + j`` and its target, rollout logprob and the teacher's targets at
+``start_s + j + 1``, so no target ever crosses into the next sample.
 Rows come from best-fit-decreasing packing (``rltool.packing.pack_lengths``).
 """
 
@@ -29,9 +30,14 @@ from rltool.training.flat import Flat, segments
 
 
 def _extra_F(
-    samples: Sequence[RolloutState], name: str, get: Callable[[RolloutState], Any], dtype: type
+    samples: Sequence[RolloutState],
+    name: str,
+    get: Callable[[RolloutState], Any],
+    dtype: type,
+    ndim: int = 2,
 ) -> np.ndarray | None:
-    """A per-position extra of every sample concatenated, [F, K]; None when no sample has it."""
+    """A per-position extra of every sample concatenated, [F, K] (``ndim`` 3: [F, L, K]);
+    None when no sample has it."""
     values = [get(s) for s in samples]
     if all(v is None for v in values):
         return None
@@ -46,9 +52,13 @@ def _extra_F(
             a = np.array(v, dtype=dtype)  # [T, K]
         except ValueError as exc:
             raise ValueError(f"sample {s.rollout_id}: {name} rows differ in width") from exc
-        if a.ndim != 2 or (arrays and a.shape[1] != arrays[0].shape[1]):
-            k = arrays[0].shape[1] if arrays else "K"
-            raise ValueError(f"sample {s.rollout_id}: {name} has shape {a.shape}, need [T, {k}]")
+        if a.ndim != ndim or (arrays and a.shape[1:] != arrays[0].shape[1:]):
+            rest = (
+                ", ".join(map(str, arrays[0].shape[1:]))
+                if arrays
+                else ("L, K" if ndim == 3 else "K")
+            )
+            raise ValueError(f"sample {s.rollout_id}: {name} has shape {a.shape}, need [T, {rest}]")
         arrays.append(a)
     return np.concatenate(arrays)  # [F, K]
 
@@ -177,7 +187,7 @@ def plain_packs(
     def teacher(attr: str) -> Callable[[RolloutState], Any]:
         return lambda s: None if s.teacher_targets is None else getattr(s.teacher_targets, attr)
 
-    routed = _extra_F(samples, "routed_experts", lambda s: s.routed_experts, np.int64)
+    routed = _extra_F(samples, "routed_experts", lambda s: s.routed_experts, np.int64, ndim=3)
     t_ids = _extra_F(samples, "teacher_targets.token_ids", teacher("token_ids"), np.int64)
     t_lps = _extra_F(samples, "teacher_targets.logprobs", teacher("logprobs"), np.float32)
     tgt_extra = None
@@ -190,10 +200,11 @@ def plain_packs(
         "rollout_logprobs": torch.from_numpy(st.rollout_logprobs),  # [N]
         "has_rollout_logprobs": torch.from_numpy(st.has_rollout_logprobs),  # [N]
         "position_ids": torch.from_numpy(st.position_ids),  # [N]
-        "routed_experts": None if routed is None else torch.from_numpy(routed[tgt_extra]),
+        # routing belongs to the model input: position j reads start_s + j (the target's - 1)
+        "routed_experts": None if routed is None else torch.from_numpy(routed[tgt_extra - 1]),
         "teacher_token_ids": None if t_ids is None else torch.from_numpy(t_ids[tgt_extra]),
         "teacher_logprobs": None if t_lps is None else torch.from_numpy(t_lps[tgt_extra]),
-    }  # extras: [N, K]
+    }  # extras: [N, K], routed_experts [N, L, K]
     kind = _teacher_kind(samples)
     row_tokens = np.diff(lay.pack_bounds).tolist()  # [B]
     # one split per field gives every pack its view of the packed stream

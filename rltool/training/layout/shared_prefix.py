@@ -15,7 +15,8 @@ single-turn sample: the prompt without its last token, whose target is the first
 response token), so a prefix position has no loss and its hidden states depend
 on the prefix alone: every supervised logprob equals the one of the sample's own
 plain row, and the prefix's gradient is the sum of its copies' gradients.
-Samples whose prefixes differ in any token never share.
+Samples whose prefixes differ in any token, or in the recorded experts of any
+prefix token (``routed_experts``, routing replay), never share.
 
 The rows are built from the plain rows, in their order: samples are grouped by
 prefix into trees of at most ``max_len`` positions (default: the longest plain
@@ -46,9 +47,9 @@ _PER_POSITION = (
 
 
 def shareable(pack: Pack) -> bool:
-    """Per-position extras of other helpers (routing replay, teacher targets) stay in plain
-    rows."""
-    return pack.routed_experts is None and pack.teacher_kind is None
+    """Rows with teacher targets stay plain; routed experts share (a prefix is shared only
+    when its routing is the same too)."""
+    return pack.teacher_kind is None
 
 
 @dataclass(slots=True)
@@ -62,8 +63,15 @@ class _Samples:
     index_S: list[int]  # TrainBatch sample index
 
 
+def _fields(packs: list[Pack]) -> tuple[str, ...]:
+    """The per-position fields the rows carry (routed_experts when the step recorded it)."""
+    routed = packs[0].routed_experts is not None
+    return _PER_POSITION + (("routed_experts",) if routed else ())
+
+
 def _samples(packs: list[Pack]) -> _Samples:
-    cat = {f: torch.cat([getattr(p, f) for p in packs]) for f in _PER_POSITION}  # [F] each
+    # [F] each, routed_experts [F, L, K]
+    cat = {f: torch.cat([getattr(p, f) for p in packs]) for f in _fields(packs)}
     offsets = torch.tensor([0] + [len(p) for p in packs]).cumsum(0)[:-1]  # [P]
     cu = torch.cat(
         [
@@ -86,11 +94,16 @@ def _samples(packs: list[Pack]) -> _Samples:
 
 
 def _trees(s: _Samples, max_len: int) -> list[list[int]]:
-    """Sample indices per tree: equal prefixes together, a tree at most ``max_len`` long."""
+    """Sample indices per tree: equal prefixes (tokens, and routing where recorded) together,
+    a tree at most ``max_len`` long."""
     by_prefix: dict[bytes, list[int]] = {}
     ids = s.cat["input_ids"].numpy()
+    routed = s.cat.get("routed_experts")
+    experts = None if routed is None else routed.numpy()  # [F, L, K]
     for i, (a, q) in enumerate(zip(s.start_S, s.prefix_S, strict=True)):
         key = ids[a : a + q].tobytes() if q else f"alone-{i}".encode()
+        if q and experts is not None:
+            key += experts[a : a + q].tobytes()
         by_prefix.setdefault(key, []).append(i)
     trees: list[list[int]] = []
     for members in by_prefix.values():
@@ -154,7 +167,7 @@ def _row(
     tree_ids = torch.repeat_interleave(torch.arange(len(trees)), torch.tensor(tree_len))  # [N]
     spans = torch.tensor(cu)
     return SharedPack(
-        **{f: s.cat[f][src] for f in _PER_POSITION},  # [N] each
+        **{f: t[src] for f, t in s.cat.items()},  # [N] each, routed_experts [N, L, K]
         cu_seq_lens=spans.to(torch.int32),
         max_seq_len=int((spans[1:] - spans[:-1]).max()),
         sample_index=sample_index,
@@ -173,7 +186,7 @@ def share_prefixes(
     longer tree gets a row of its own); ``attention``: the rows' kernel. Summed over the
     rows, every loss of ``losses.py`` is unchanged.
     """
-    assert packs and all(shareable(p) for p in packs), "only plain rows without extras share"
+    assert packs and all(shareable(p) for p in packs), "only rows without teacher targets share"
     limit = max_len or max(len(p) for p in packs)
     s = _samples(packs)
     trees = _trees(s, limit)

@@ -169,13 +169,13 @@ def test_updater_with_shared_prefixes_takes_the_same_step(loss_agg: str) -> None
     assert diff < 1e-5 * max(moved / 1e-3, 1.0)
 
 
-def test_packs_with_extras_do_not_share() -> None:
+def test_packs_with_teacher_targets_do_not_share() -> None:
     packs = plain_packs()
     assert all(shareable(p) for p in packs)
     packs[1].teacher_kind = "sampled"
     assert not shareable(packs[1])
-    packs[0].routed_experts = torch.zeros(len(packs[0]), 2, dtype=torch.long)
-    assert not shareable(packs[0])
+    packs[0].routed_experts = torch.zeros(len(packs[0]), 2, 2, dtype=torch.long)
+    assert shareable(packs[0])  # routing shares (test_convert: only equal routing)
 
 
 def test_placement_worked_by_hand() -> None:
