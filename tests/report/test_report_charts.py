@@ -8,6 +8,7 @@ from metrics_files import eval_line, train_line, write_run
 
 from rltool.app.run_reader import read_runs
 from rltool.report.charts import CHARTS, build_chart, build_charts
+from rltool.report.html_report import COLOURS, figure
 
 SPECS = {spec.id: spec for spec in CHARTS}
 
@@ -87,3 +88,17 @@ def test_every_chart_the_issue_asks_for_is_there():
         "time/overlap",
     ):
         assert key in keys
+
+
+def test_the_figure_gives_each_run_a_colour_and_each_metric_a_dash(tmp_path):
+    fig = figure(build_chart(SPECS["kl"], _runs(tmp_path)))
+    assert [(t["name"], t["line"]["color"], t["line"]["dash"]) for t in fig["data"]] == [
+        ("A · policy vs reference", COLOURS[0], "solid"),
+        ("A · rollout vs trainer", COLOURS[0], "dash"),
+    ]
+    assert (fig["data"][0]["x"], fig["data"][0]["y"]) == ([1], [0.01])
+    assert fig["layout"]["yaxis"]["rangemode"] == "nonnegative"
+    accuracy = figure(build_chart(SPECS["accuracy"], _runs(tmp_path)))
+    assert accuracy["layout"]["yaxis"]["tickformat"] == ".0%"
+    one_metric = figure(build_chart(SPECS["reward"], _runs(tmp_path)[1:]))
+    assert [t["name"] for t in one_metric["data"]] == ["B"]  # the run alone names it
