@@ -16,6 +16,7 @@ from rltool.app.run_reader import RunRecord, RunSummary, read_runs, summarize
 from rltool.report.charts import Chart, build_charts
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+DASH_GLYPHS = ("——", "– –", "···", "–·–", "— —", "—·—")  # the dashes, in the subtitle
 # plotly's qualitative "Plotly" palette, one colour per run
 COLOURS = (
     "#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A",
@@ -36,12 +37,13 @@ def require_plotly() -> None:
 
 def figure(chart: Chart) -> dict[str, Any]:
     """The chart as a plotly figure (plain data: validating it through plotly's objects
-    costs about a second a chart). One colour per run, one dash per metric; a legend entry
-    is the run, or "run · metric" when the chart plots several metrics."""
-    several = len({t.label for t in chart.traces}) > 1
-    data = []
+    costs about a second a chart). One colour per run, one dash per metric: the legend
+    lists the runs (a click hides all of a run's lines), the subtitle the dashes, and a
+    hover names both."""
+    labels = list(dict.fromkeys(t.label for t in chart.traces))
+    data, shown = [], set()
     for trace in chart.traces:
-        name = f"{trace.run} · {trace.label}" if several and trace.label else trace.run
+        name = f"{trace.run} · {trace.label}" if len(labels) > 1 else trace.run
         line = {
             "color": COLOURS[trace.run_index % len(COLOURS)],
             "dash": DASHES[trace.dash_index % len(DASHES)],
@@ -53,14 +55,22 @@ def figure(chart: Chart) -> dict[str, Any]:
                 "mode": "lines+markers",
                 "x": list(trace.series.steps),
                 "y": list(trace.series.values),
-                "name": name,
+                "name": trace.run,
+                "showlegend": trace.run not in shown,
+                "legendgroup": trace.run,
                 "line": line,
                 "marker": {"size": 5},
-                "legendgroup": trace.run,
                 "hovertemplate": f"{escape(name)}<br>step %{{x}}: %{{y}}<extra></extra>",
             }
         )
+        shown.add(trace.run)
     spec = chart.spec
+    title = spec.title
+    if len(labels) > 1:
+        # build_chart numbers the dashes in the order the labels first appear
+        glyphs = [DASH_GLYPHS[i % len(DASH_GLYPHS)] for i in range(len(labels))]
+        key = "   ".join(f"{g} {escape(x)}" for g, x in zip(glyphs, labels, strict=True))
+        title += f"<br><sup>{key}</sup>"
     values = [v for t in chart.traces for v in t.series.values if v is not None]
     yaxis = {
         "title": {"text": spec.y_title},
@@ -70,10 +80,10 @@ def figure(chart: Chart) -> dict[str, Any]:
     if spec.percent:
         yaxis["tickformat"] = ".0%"
     layout = {
-        "title": {"text": spec.title, "x": 0.02, "font": {"size": 16}},
+        "title": {"text": title, "x": 0.02, "font": {"size": 16}},
         "height": 340,
-        "margin": {"l": 60, "r": 20, "t": 50, "b": 40},
-        "legend": {"orientation": "h", "y": -0.18, "x": 0},
+        "margin": {"l": 60, "r": 20, "t": 64, "b": 40},
+        "legend": {"orientation": "h", "y": -0.2, "x": 0},
         "showlegend": True,
         "xaxis": {"title": {"text": "step"}},
         "yaxis": yaxis,
@@ -100,7 +110,7 @@ def chart_div(chart: Chart) -> str:
         full_html=False,
         include_plotlyjs=False,
         div_id=f"chart-{chart.spec.id}",
-        config={"displaylogo": False, "responsive": True},
+        config={"displayModeBar": False, "responsive": True},
     )
 
 
@@ -165,7 +175,7 @@ h1 { font-size: 22px; margin: 0 0 4px 0; } h2 { font-size: 17px; margin: 28px 0 
 table { border-collapse: collapse; background: white; font-size: 14px; }
 th, td { border: 1px solid #d9dee5; padding: 6px 12px; text-align: left; vertical-align: top; }
 th { background: #eef1f5; } small { color: #66707c; }
-.grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 14px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 14px; }
 .card { background: white; border: 1px solid #d9dee5; border-radius: 6px; padding: 4px; }
 .card ul { margin: 0 8px 6px 8px; padding-left: 18px; font-size: 12px; color: #66707c; }
 .note { color: #66707c; font-size: 13px; }

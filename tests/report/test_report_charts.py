@@ -92,13 +92,26 @@ def test_every_chart_the_issue_asks_for_is_there():
 
 def test_the_figure_gives_each_run_a_colour_and_each_metric_a_dash(tmp_path):
     fig = figure(build_chart(SPECS["kl"], _runs(tmp_path)))
-    assert [(t["name"], t["line"]["color"], t["line"]["dash"]) for t in fig["data"]] == [
-        ("A · policy vs reference", COLOURS[0], "solid"),
-        ("A · rollout vs trainer", COLOURS[0], "dash"),
+    data = fig["data"]
+    assert [(t["name"], t["line"]["color"], t["line"]["dash"]) for t in data] == [
+        ("A", COLOURS[0], "solid"),
+        ("A", COLOURS[0], "dash"),
     ]
-    assert (fig["data"][0]["x"], fig["data"][0]["y"]) == ([1], [0.01])
+    assert [t["showlegend"] for t in data] == [True, False]  # the legend lists runs
+    assert data[1]["hovertemplate"].startswith("A · rollout vs trainer<br>")
+    assert fig["layout"]["title"]["text"] == (
+        "KL divergence<br><sup>—— policy vs reference   – – rollout vs trainer</sup>"
+    )
+    assert (data[0]["x"], data[0]["y"]) == ([1], [0.01])
     assert fig["layout"]["yaxis"]["rangemode"] == "nonnegative"
     accuracy = figure(build_chart(SPECS["accuracy"], _runs(tmp_path)))
     assert accuracy["layout"]["yaxis"]["tickformat"] == ".0%"
-    one_metric = figure(build_chart(SPECS["reward"], _runs(tmp_path)[1:]))
-    assert [t["name"] for t in one_metric["data"]] == ["B"]  # the run alone names it
+    reward = figure(build_chart(SPECS["reward"], _runs(tmp_path)))
+    assert [(t["name"], t["showlegend"], t["line"]["color"]) for t in reward["data"]] == [
+        ("A", True, COLOURS[0]),
+        ("A", False, COLOURS[0]),
+        ("A", False, COLOURS[0]),
+        ("B", True, COLOURS[1]),
+    ]
+    one_metric = figure(build_chart(SPECS["entropy"], _runs(tmp_path)))
+    assert one_metric["data"] == [] and one_metric["layout"]["title"]["text"] == "Policy entropy"
