@@ -114,7 +114,7 @@ def chart_div(chart: Chart) -> str:
     )
 
 
-def _figure(value: float | None, percent: bool = False) -> str:
+def _number(value: float | None, percent: bool = False) -> str:
     if value is None:
         return "–"
     return f"{value:.1%}" if percent else f"{value:.3g}"
@@ -127,8 +127,8 @@ def _duration(seconds: float) -> str:
 
 
 def _summary_row(run: RunRecord, s: RunSummary) -> str:
-    final = _figure(s.final_accuracy, percent=True)
-    best = _figure(s.best_accuracy, percent=True)
+    final = _number(s.final_accuracy, percent=True)
+    best = _number(s.best_accuracy, percent=True)
     if s.final_accuracy_step is not None:
         final += f" <small>(step {s.final_accuracy_step})</small>"
         best += f" <small>(step {s.best_accuracy_step})</small>"
