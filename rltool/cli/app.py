@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rltool.cli import eval, export, inspect_batch, train, validate
+from rltool.cli import eval, export, inspect_batch, report, train, validate
 
 app = typer.Typer(
     name="rltool",
@@ -18,6 +18,7 @@ app.command("validate-rollouts")(validate.validate_rollouts)
 app.command("inspect-batch")(inspect_batch.inspect_batch)
 app.command("eval")(eval.eval_command)
 app.command("export")(export.export_command)
+app.command("report")(report.report_command)
 
 
 def main() -> None:

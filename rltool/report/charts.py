@@ -1,0 +1,177 @@
+"""What ``rltool report`` draws: the charts, the metrics each one plots, and the traces
+of the runs given (one colour per run, one dash per metric). Pure: no plotting here.
+Design: docs/app.md#the-report
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rltool.app.run_reader import (
+    EVAL,
+    TRAIN,
+    RunRecord,
+    Series,
+    match_key,
+    matching_keys,
+    series,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpec:
+    kind: str  # the metrics lines it reads: "train" or "eval"
+    pattern: str  # a metrics key; a ``*`` in it matches a task name (one trace per task)
+    label: str  # the legend's metric label; ``{match}`` is what the ``*`` matched
+    # a per-task breakdown: drawn only when the pattern matches two keys or more (with one
+    # task it repeats the all-task figure), and never noted as missing
+    breakdown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChartSpec:
+    id: str
+    title: str
+    y_title: str
+    traces: tuple[TraceSpec, ...]
+    percent: bool = False  # a fraction in [0, 1], shown as a percentage
+
+
+CHARTS: tuple[ChartSpec, ...] = (
+    ChartSpec(
+        "reward",
+        "Sampled reward (training rollouts)",
+        "mean reward",
+        (
+            TraceSpec(TRAIN, "rollout/reward_mean", "all tasks"),
+            TraceSpec(TRAIN, "task/*/reward_mean", "{match}", breakdown=True),
+        ),
+    ),
+    ChartSpec(
+        "accuracy",
+        "Held-out accuracy",
+        "accuracy",
+        (
+            TraceSpec(EVAL, "eval/accuracy", "all tasks"),
+            TraceSpec(EVAL, "eval/*/accuracy", "{match}", breakdown=True),
+        ),
+        percent=True,
+    ),
+    ChartSpec(
+        "kl",
+        "KL divergence",
+        "KL",
+        (
+            TraceSpec(TRAIN, "actor/kl", "policy vs reference"),
+            TraceSpec(TRAIN, "actor/rollout_kl", "rollout vs trainer"),
+        ),
+    ),
+    ChartSpec(
+        "entropy", "Policy entropy", "nats / token", (TraceSpec(TRAIN, "actor/entropy", ""),)
+    ),
+    ChartSpec(
+        "clip",
+        "Clip fraction",
+        "tokens clipped",
+        (TraceSpec(TRAIN, "actor/clip_frac", ""),),
+        percent=True,
+    ),
+    ChartSpec(
+        "length",
+        "Response length",
+        "tokens",
+        (
+            TraceSpec(TRAIN, "rollout/response_tokens_mean", "sampled"),
+            TraceSpec(EVAL, "eval/mean_response_len", "held-out"),
+        ),
+    ),
+    ChartSpec(
+        "truncation",
+        "Truncated at max_new_tokens",
+        "responses truncated",
+        (
+            TraceSpec(TRAIN, "rollout/truncated_frac", "sampled"),
+            TraceSpec(EVAL, "eval/truncated_frac", "held-out"),
+        ),
+        percent=True,
+    ),
+    ChartSpec(
+        "staleness",
+        "Staleness of trained tokens",
+        "policy versions behind",
+        (
+            TraceSpec(TRAIN, "staleness/mean", "mean"),
+            TraceSpec(TRAIN, "staleness/max", "max"),
+        ),
+    ),
+    ChartSpec(
+        "failures",
+        "Failed samples",
+        "samples",
+        (
+            TraceSpec(TRAIN, "failures/samples", "sampled"),
+            TraceSpec(EVAL, "eval/failed", "held-out"),
+        ),
+    ),
+    ChartSpec(
+        "time",
+        "Time per step",
+        "seconds",
+        (
+            TraceSpec(TRAIN, "time/generate", "generate"),
+            TraceSpec(TRAIN, "time/train", "train"),
+            TraceSpec(TRAIN, "time/overlap", "overlap"),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    run: str  # the run's name, the legend group
+    run_index: int  # which run: its colour
+    label: str  # the metric's label within the chart ("" when the chart plots one metric)
+    dash_index: int  # which metric of the chart: its dash
+    series: Series
+
+
+@dataclass(slots=True)
+class Chart:
+    spec: ChartSpec
+    traces: list[Trace] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # metrics some run did not record
+
+
+def build_chart(spec: ChartSpec, runs: list[RunRecord]) -> Chart:
+    """The chart's traces over ``runs``: each metric a run recorded, in the chart's order;
+    a metric a run lacks is a note. Dashes are given per distinct label, in order."""
+    chart = Chart(spec)
+    dashes: dict[str, int] = {}
+    for index, run in enumerate(runs):
+        for trace in spec.traces:
+            keys = matching_keys(run, trace.kind, trace.pattern)
+            if trace.breakdown and len(keys) < 2:
+                continue
+            if not keys:
+                chart.notes.append(f"{run.name}: no {trace.pattern} in its {trace.kind} lines")
+                continue
+            for key in keys:
+                label = trace.label.format(match=match_key(trace.pattern, key))
+                dash = dashes.setdefault(label, len(dashes))
+                chart.traces.append(
+                    Trace(run.name, index, label, dash, series(run, trace.kind, key))
+                )
+    return chart
+
+
+def build_charts(runs: list[RunRecord]) -> tuple[list[Chart], list[str]]:
+    """(the charts that have a trace, a note for each chart no run has a figure for)."""
+    drawn, skipped = [], []
+    for spec in CHARTS:
+        chart = build_chart(spec, runs)
+        if chart.traces:
+            drawn.append(chart)
+        else:
+            keys = ", ".join(t.pattern for t in spec.traces if not t.breakdown)
+            skipped.append(f"{spec.title}: not drawn, no run recorded {keys}")
+    return drawn, skipped

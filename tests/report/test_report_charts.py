@@ -1,0 +1,117 @@
+"""The charts of ``rltool report`` over hand-written runs: which traces each run gives,
+their colours (run) and dashes (metric), per-task breakdowns, and the notes for what a
+run did not record."""
+
+from __future__ import annotations
+
+from metrics_files import eval_line, train_line, write_run
+
+from rltool.app.run_reader import read_runs
+from rltool.report.charts import CHARTS, build_chart, build_charts
+from rltool.report.html_report import COLOURS, figure
+
+SPECS = {spec.id: spec for spec in CHARTS}
+
+
+def _runs(tmp_path):
+    two_tasks = [
+        eval_line(0, {"eval/accuracy": 0.2, "eval/a/accuracy": 0.1, "eval/b/accuracy": 0.3}),
+        train_line(
+            1,
+            {
+                "rollout/reward_mean": 0.5,
+                "task/a/reward_mean": 0.25,
+                "task/b/reward_mean": 0.75,
+                "actor/kl": 0.01,
+                "actor/rollout_kl": 0.002,
+            },
+        ),
+    ]
+    one_task = [train_line(1, {"rollout/reward_mean": 0.4, "task/gsm8k/reward_mean": 0.4})]
+    return read_runs([write_run(tmp_path / "A", two_tasks), write_run(tmp_path / "B", one_task)])
+
+
+def _view(chart):
+    return [(t.run, t.run_index, t.label, t.dash_index, t.series.key) for t in chart.traces]
+
+
+def test_reward_breaks_down_by_task_only_where_there_are_two(tmp_path):
+    chart = build_chart(SPECS["reward"], _runs(tmp_path))
+    assert _view(chart) == [
+        ("A", 0, "all tasks", 0, "rollout/reward_mean"),
+        ("A", 0, "a", 1, "task/a/reward_mean"),
+        ("A", 0, "b", 2, "task/b/reward_mean"),
+        ("B", 1, "all tasks", 0, "rollout/reward_mean"),
+    ]
+    assert chart.traces[2].series.values == (0.75,)
+    assert chart.notes == []  # a breakdown that is not drawn is not missing
+
+
+def test_a_metric_a_run_lacks_is_a_note(tmp_path):
+    kl = build_chart(SPECS["kl"], _runs(tmp_path))
+    assert _view(kl) == [
+        ("A", 0, "policy vs reference", 0, "actor/kl"),
+        ("A", 0, "rollout vs trainer", 1, "actor/rollout_kl"),
+    ]
+    assert kl.notes == [
+        "B: no actor/kl in its train lines",
+        "B: no actor/rollout_kl in its train lines",
+    ]
+    accuracy = build_chart(SPECS["accuracy"], _runs(tmp_path))
+    assert [t.label for t in accuracy.traces] == ["all tasks", "a", "b"]
+    assert accuracy.notes == ["B: no eval/accuracy in its eval lines"]
+
+
+def test_charts_no_run_recorded_are_left_out_with_a_note(tmp_path):
+    drawn, skipped = build_charts(_runs(tmp_path))
+    assert [c.spec.id for c in drawn] == ["reward", "accuracy", "kl"]
+    assert len(skipped) == len(CHARTS) - 3
+    assert "Time per step: not drawn, no run recorded time/generate, time/train, time/overlap" in (
+        skipped
+    )
+
+
+def test_every_chart_the_issue_asks_for_is_there():
+    keys = {t.pattern for spec in CHARTS for t in spec.traces}
+    for key in (
+        "rollout/reward_mean",  # sampled reward
+        "eval/accuracy",  # held-out accuracy
+        "actor/kl",
+        "actor/entropy",
+        "actor/clip_frac",
+        "rollout/response_tokens_mean",  # response length
+        "rollout/truncated_frac",
+        "staleness/mean",
+        "failures/samples",
+        "time/generate",
+        "time/train",
+        "time/overlap",
+    ):
+        assert key in keys
+
+
+def test_the_figure_gives_each_run_a_colour_and_each_metric_a_dash(tmp_path):
+    fig = figure(build_chart(SPECS["kl"], _runs(tmp_path)))
+    data = fig["data"]
+    assert [(t["name"], t["line"]["color"], t["line"]["dash"]) for t in data] == [
+        ("A", COLOURS[0], "solid"),
+        ("A", COLOURS[0], "dash"),
+    ]
+    assert [t["showlegend"] for t in data] == [True, False]  # the legend lists runs
+    assert data[1]["hovertemplate"].startswith("A · rollout vs trainer<br>")
+    assert fig["layout"]["title"]["text"] == (
+        "KL divergence<br><sup>—— policy vs reference   – – rollout vs trainer</sup>"
+    )
+    assert (data[0]["x"], data[0]["y"]) == ([1], [0.01])
+    assert fig["layout"]["yaxis"]["rangemode"] == "nonnegative"
+    accuracy = figure(build_chart(SPECS["accuracy"], _runs(tmp_path)))
+    assert accuracy["layout"]["yaxis"]["tickformat"] == ".0%"
+    reward = figure(build_chart(SPECS["reward"], _runs(tmp_path)))
+    assert [(t["name"], t["showlegend"], t["line"]["color"]) for t in reward["data"]] == [
+        ("A", True, COLOURS[0]),
+        ("A", False, COLOURS[0]),
+        ("A", False, COLOURS[0]),
+        ("B", True, COLOURS[1]),
+    ]
+    one_metric = figure(build_chart(SPECS["entropy"], _runs(tmp_path)))
+    assert one_metric["data"] == [] and one_metric["layout"]["title"]["text"] == "Policy entropy"
