@@ -12,11 +12,9 @@ Design (logprob convention, weights, partial rollouts): docs/engines.md#the-open
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from rltool.engines.openai_pool import ServerPool
 from rltool.engines.registry import ENGINES
 from rltool.engines.vllm import eos_ids, first_stop
 from rltool.engines.vllm_worker import EXTENSION
+from rltool.engines.weight_handoff import PendingWeights, write_weights_file
 
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
@@ -118,11 +117,7 @@ class OpenAIServerEngine(RolloutEngine):
         self.weights_dir, self.update_method = weights_dir, update_method
         self.chunk_tokens, self.eos = chunk_tokens, list(eos)
         self._model = model  # the trainer's model in a synchronous in-process run
-        self._model_step = model_step
-        self._lock = threading.Lock()
-        self._write_lock = threading.Lock()
-        self._generating = False
-        self._pending: tuple[Path, int] | None = None
+        self._weights = PendingWeights(self._apply, "OpenAIServerEngine", model_step)
         self._written: list[Path] = []
         self._tag = uuid.uuid4().hex[:8]  # this engine's files (Ray: one engine per worker)
         if logprobs_method:  # every server reports the trainer's logprobs from now on
@@ -130,11 +125,11 @@ class OpenAIServerEngine(RolloutEngine):
 
     @property
     def model_step(self) -> int:
-        return self._model_step
+        return self._weights.step
 
     @property
     def weights_waiting(self) -> bool:
-        return self._pending is not None
+        return self._weights.waiting
 
     def pop_metrics(self) -> dict[str, float]:
         retried, dropped = self.pool.pop_counts()
@@ -149,24 +144,13 @@ class OpenAIServerEngine(RolloutEngine):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
         """Write the weights to ``weights_dir`` now; the servers load them now, or, during a
         ``generate``, at its next pause point (every ``chunk_tokens``) or when it ends."""
-        latest = self._pending[1] if self._pending is not None else self._model_step
-        if model_step < latest:
-            raise ValueError(f"load_weights({model_step}) goes back from step {latest}")
-        path = self._write(state_dict, model_step)
-        with self._lock:
-            if self._generating:  # a later call replaces weights still waiting
-                replaced, self._pending = self._pending, (path, model_step)
-                if replaced is not None and replaced[0] != path:
-                    replaced[0].unlink(missing_ok=True)
-                return
-        self._apply(path, model_step)
+        self._weights.check(model_step)
+        self._weights.offer(self._write(state_dict, model_step), model_step)
 
     def shutdown(self) -> None:
         self.pool.close()
 
     def _write(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
-        from safetensors.torch import save_file
-
         if not self.weights_dir:
             raise ValueError(
                 "rollout.server.weights_dir is empty: openai_server writes the trainer's "
@@ -175,18 +159,8 @@ class OpenAIServerEngine(RolloutEngine):
             )
         folder = Path(self.weights_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        seen: set[int] = set()
-        tensors = {}
-        for k, v in state_dict.items():  # tied weights share storage: save a copy of each
-            t = v.detach().to("cpu").contiguous()
-            tensors[k] = t.clone() if t.data_ptr() in seen else t
-            seen.add(t.data_ptr())
         path = folder / f"rltool-step{model_step:08d}-{self._tag}.safetensors"
-        with self._write_lock:
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp))
-            os.replace(tmp, path)  # a server never reads a half-written file
-        return path.resolve()
+        return write_weights_file(state_dict, path).resolve()
 
     def _apply(self, path: Path, model_step: int) -> None:
         """Every server loads ``path`` (its worker extension's method), then drops its
@@ -200,30 +174,10 @@ class OpenAIServerEngine(RolloutEngine):
             time.sleep(0.05)
         else:
             raise RuntimeError(f"openai_server: /reset_prefix_cache kept failing: {answers}")
-        self._model_step = model_step
         old, self._written = self._written, [path]
         for p in old:
             if p != path:
                 p.unlink(missing_ok=True)
-
-    def _apply_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            self._apply(*pending)
-
-    @contextmanager
-    def _generating_now(self) -> Iterator[None]:
-        with self._lock:
-            if self._generating:
-                raise RuntimeError("OpenAIServerEngine.generate is already running")
-            self._generating = True
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._generating = False
-            self._apply_pending()
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -232,7 +186,7 @@ class OpenAIServerEngine(RolloutEngine):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
         rows = [_Row(tuple(int(t) for t in p), [], [], []) for p in prompts]
-        with self._generating_now():
+        with self._weights.generating():
             while self._round(rows, sampling):
                 pass
         return [
@@ -253,8 +207,8 @@ class OpenAIServerEngine(RolloutEngine):
         active = [r for r in rows if not r.finished and len(r.tokens) < budget]
         if not active:
             return False
-        self._apply_pending()
-        step = self._model_step
+        self._weights.apply_waiting()
+        step = self._weights.step
         by_context: dict[tuple[int, ...], list[_Row]] = {}
         for r in active:
             by_context.setdefault(r.prompt + tuple(r.tokens), []).append(r)

@@ -10,19 +10,17 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig, VLLMConfig
 from rltool.engines.base import Generation, RolloutEngine
 from rltool.engines.registry import ENGINES
 from rltool.engines.vllm_worker import EXTENSION
+from rltool.engines.weight_handoff import PendingWeights, write_weights_file
 from rltool.models import resolve_model_path
 
 VLLM_MISSING = (
@@ -128,22 +126,19 @@ class VLLMEngine(RolloutEngine):
         self.chunk_tokens = chunk_tokens
         self.sleep_mode = sleep_mode
         self.eos = eos_ids(tokenizer, model)
-        self._model_step = model_step
         self._asleep = False
         self._dir = Path(tempfile.mkdtemp(prefix="rltool-vllm-weights-"))
-        self._lock = threading.Lock()
-        self._generating = False
-        self._pending: tuple[Path, int] | None = None
+        self._weights = PendingWeights(self._load, "VLLMEngine", model_step)
         self._files = itertools.count()
         llm.collective_rpc("rltool_tempered_logprobs")
 
     @property
     def model_step(self) -> int:
-        return self._model_step
+        return self._weights.step
 
     @property
     def weights_waiting(self) -> bool:
-        return self._pending is not None
+        return self._weights.waiting
 
     def sync_weights(self, model_step: int) -> None:
         """Push the trainer's model (the one this engine was built with) as ``model_step``:
@@ -155,60 +150,29 @@ class VLLMEngine(RolloutEngine):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
         """Write ``state_dict`` to a file now; vLLM reloads it at once when idle, else at the
         next pause point or when the running call ends (a later call replaces it)."""
-        with self._lock:
-            latest = self._pending[1] if self._pending is not None else self._model_step
-            if model_step < latest:
-                raise ValueError(f"load_weights({model_step}) goes back from step {latest}")
+        self._weights.check(model_step)
         path = self._dir / f"weights_{next(self._files)}_step_{model_step}.safetensors"
-        save_file(_unshared_cpu(state_dict), str(path))
-        with self._lock:
-            if self._pending is not None:
-                self._pending[0].unlink()
-            self._pending = (path, model_step)
-            if not self._generating:
-                self._apply_locked()
+        self._weights.offer(write_weights_file(state_dict, path, drop_tied=True), model_step)
 
-    def _apply_locked(self) -> None:
-        """Reload the waiting weights in every worker, stamp the step, drop the prefix
-        cache (its KV blocks were computed with the old weights)."""
-        if self._pending is None:
-            return
-        path, step = self._pending
+    def _load(self, path: Path, step: int) -> None:
+        """Reload ``path`` in every worker, stamp the step, drop the prefix cache (its KV
+        blocks were computed with the old weights)."""
         self._wake()
         steps = self.llm.collective_rpc("rltool_load_weights", args=(str(path), step))
         assert set(steps) == {step}, f"workers loaded steps {steps}, expected {step}"
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
         path.unlink()
-        self._pending = None
-        self._model_step = step
-
-    def _apply_pending(self) -> None:
-        with self._lock:
-            self._apply_locked()
 
     def _wake(self) -> None:
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
 
-    @contextmanager
-    def _generating_now(self) -> Iterator[None]:
-        with self._lock:
-            if self._generating:
-                raise RuntimeError("VLLMEngine.generate is already running; one call at a time")
-            self._generating = True
-            self._apply_locked()
-            self._wake()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._generating = False
-                self._apply_locked()
-                if self.sleep_mode:  # the trainer trains next: give it the memory
-                    self.llm.sleep(level=1)
-                    self._asleep = True
+    def _sleep(self) -> None:
+        if self.sleep_mode:  # the trainer trains next: give it the memory
+            self.llm.sleep(level=1)
+            self._asleep = True
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -216,7 +180,7 @@ class VLLMEngine(RolloutEngine):
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
-        with self._generating_now():
+        with self._weights.generating(start=self._wake, end=self._sleep):
             return self._generate(prompts, sampling)
 
     def _generate(
@@ -225,12 +189,12 @@ class VLLMEngine(RolloutEngine):
         budget = sampling.max_new_tokens
         chunk = budget if self.chunk_tokens is None else min(self.chunk_tokens, budget)
         tokens, logprobs, finished = self._first_call(prompts, sampling, chunk)
-        steps = [[self._model_step] * len(t) for t in tokens]
+        steps = [[self.model_step] * len(t) for t in tokens]
         while True:  # partial rollouts: the unfinished rows go on, with new weights if any
             active = [r for r in range(len(prompts)) if not finished[r] and len(tokens[r]) < budget]
             if not active:
                 break
-            self._apply_pending()
+            self._weights.apply_waiting()
             contexts = [[*prompts[r], *tokens[r]] for r in active]
             step = min(chunk, budget - len(tokens[active[0]]))
             params = sampling_params(self.vllm, sampling, 1, step, self.eos)
@@ -240,7 +204,7 @@ class VLLMEngine(RolloutEngine):
                 done = len(tokens[r])
                 tokens[r] += new
                 logprobs[r] += lps
-                steps[r] += [self._model_step] * len(new)
+                steps[r] += [self.model_step] * len(new)
                 cut = first_stop(self.tokenizer, tokens[r], sampling.stop, done)
                 if cut is not None:
                     del tokens[r][cut:], logprobs[r][cut:], steps[r][cut:]
@@ -298,20 +262,6 @@ def _tokens_and_logprobs(completion: Any) -> tuple[list[int], list[float], bool]
     assert completion.logprobs is not None and len(completion.logprobs) == len(ids)
     lps = [float(lp[t].logprob) for lp, t in zip(completion.logprobs, ids, strict=True)]
     return ids, lps, completion.finish_reason == "stop"
-
-
-def _unshared_cpu(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors, one per storage: safetensors refuses shared tensors (a tied
-    LM head is the embedding; vLLM ties it again on load)."""
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state_dict.items():
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        out[name] = t.detach().to("cpu").contiguous()
-    return out
 
 
 @ENGINES.register("vllm")

@@ -8,12 +8,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 from rltool.config.loader import load_recipe
 from rltool.config.schema import ModelConfig, RolloutConfig, VLLMConfig
 from rltool.engines.registry import ENGINES, build_engine, check_engine_name
-from rltool.engines.vllm import _unshared_cpu, eos_ids, first_stop, llm_options
+from rltool.engines.vllm import eos_ids, first_stop, llm_options
 from rltool.engines.vllm_worker import EXTENSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,12 +90,3 @@ def test_eos_ids_join_the_tokenizer_and_the_generation_config(tokenizer):
     )
     assert eos_ids(tokenizer, model) == sorted({7, tokenizer.eos_token_id})
     assert eos_ids(tokenizer, None) == [tokenizer.eos_token_id]
-
-
-def test_weights_go_out_once_per_storage_as_contiguous_cpu_tensors():
-    emb = torch.arange(6.0).reshape(2, 3)
-    state = {"embed.weight": emb, "lm_head.weight": emb, "w": torch.ones(3, 2).t()}
-    out = _unshared_cpu(state)
-    assert list(out) == ["embed.weight", "w"]  # the tied head is the embedding
-    assert out["w"].is_contiguous() and torch.equal(out["w"], torch.ones(2, 3))
-    assert torch.equal(out["embed.weight"], emb)
