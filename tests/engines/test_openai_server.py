@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from completions_fixture import FixtureCompletionsServer
 from transformers import Qwen2ForCausalLM
 
 from rltool.config.checks import check_values
@@ -17,7 +18,6 @@ from rltool.engines.hf import HFEngine
 from rltool.engines.openai_pool import ServerPool, ServersDown
 from rltool.engines.openai_server import OpenAIServerEngine
 from rltool.engines.registry import build_engine
-from tests.engines.completions_fixture import FixtureCompletionsServer
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=6)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from completions_fixture import FixtureCompletionsServer
 from short_runs import GSM8K_TINY, short_gsm8k_args, short_train_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
@@ -17,7 +18,6 @@ from typer.testing import CliRunner
 from rltool.cli.app import app
 from rltool.rollout.contract import check_group, errors
 from rltool.rollout.io import read_groups
-from tests.engines.completions_fixture import FixtureCompletionsServer
 
 
 @pytest.fixture
