@@ -14,10 +14,11 @@ other, never both at once. Run it in vLLM's environment::
 On a shared machine timings are noisy: compare the ratios of one invocation. The HF
 engine runs on ``--threads`` torch threads (1 by default: on a loaded machine more
 threads than free cores make it many times slower); vLLM's CPU backend picks its own.
-Measured 2026-12-02 on 2 shared CPU cores (load average ~18), defaults, one run: HF 96.0
-tokens/s (1 thread), vLLM in process 526.5 (5.49x), vllm serve + openai_server 365.8
-(3.81x; HTTP, JSON and a second process). With HF on 2 threads on that loaded machine:
-7.3 tokens/s, and the ratios 82x and 37x: oversubscription, not the engines.
+Measured 2026-12-02 on 2 idle CPU cores, defaults, one run: HF 702.5 tokens/s (1 thread),
+vLLM in process 1505.9 (2.14x), vllm serve + openai_server 1318.2 (1.88x; HTTP, JSON and a
+second process). On the same cores loaded by other jobs (load average ~18): HF 96.0,
+vLLM 526.5 (5.49x), server 365.8 (3.81x); HF on 2 threads there fell to 7.3 tokens/s:
+oversubscription, not the engines.
 """
 
 from __future__ import annotations
