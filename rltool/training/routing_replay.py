@@ -27,7 +27,7 @@ class RoutingReplay:
         self._policy = id(policy)  # the model whose forwards the metric counts
         self._routers = routers  # id(model) -> its routers
         self.replay = replay
-        self._measured: set[int] = set()  # id(pack) of the packs counted this step
+        self._measured: set[int] = set()  # numbers of the packs counted this step
         self._differs = 0
         self._recorded = 0
 
