@@ -108,7 +108,7 @@ def run_rltool(model_dir: Path, seed: int, budget_s: float, max_steps: int) -> R
         print(
             f"  rltool step {run.step:3d}  {step_s[-1]:5.2f} s (generate {t_gen:.2f})  "
             f"reward {m['rollout/reward_mean']:.3f}  "
-            f"len {m['rollout/response_tokens_mean']:.1f}  "
+            f"len {m['rollout/response_len/mean']:.1f}  "
             f"truncated {m['rollout/truncated_frac']:.2f}",
             flush=True,
         )
@@ -305,7 +305,7 @@ def report(ours: Result, trl: Result, start: dict[str, float], args: argparse.Na
         e = r.eval
         print(
             f"  {r.name:6s}  {e['eval/accuracy']:.3f} after {len(r.step_s)} steps in "
-            f"{r.train_s:.0f} s  (mean len {e['eval/mean_response_len']:.1f}, "
+            f"{r.train_s:.0f} s  (mean len {e['eval/response_len/mean']:.1f}, "
             f"truncated {e['eval/truncated_frac']:.2f})"
         )
 

@@ -16,6 +16,7 @@ LAYERS: dict[str, int] = {
     "rltool.config": 0,
     "rltool.registry": 0,
     "rltool.packing": 0,
+    "rltool.metric_names": 0,  # metric names read beyond their producer
     "rltool.rollout": 1,
     "rltool.engines": 2,
     "rltool.rewards": 2,

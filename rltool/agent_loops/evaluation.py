@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from rltool.metric_names import EVAL_ACCURACY, EVAL_FAILED, EVAL_FAILURES, EVAL_N
 from rltool.rollout.failures import count_reasons
 from rltool.rollout.state import RolloutState, Status
 
-FAILURES = "eval/failures/"  # + a short reason (rltool.rollout.failures): failed samples
 REASONS_NAMED = 3  # in the error of an evaluation that failed whole
 
 
@@ -25,18 +25,22 @@ def failure_metrics(samples: Sequence[RolloutState]) -> dict[str, float]:
     """``eval/failed`` (FAILED samples) and ``eval/failures/<reason>`` for each reason."""
     reasons = count_reasons(samples)
     return {
-        "eval/failed": float(sum(reasons.values())),
-        **{f"{FAILURES}{reason}": float(n) for reason, n in reasons.items()},
+        EVAL_FAILED: float(sum(reasons.values())),
+        **{f"{EVAL_FAILURES}{reason}": float(n) for reason, n in reasons.items()},
     }
 
 
 def check_evaluation(task_name: str, metrics: Mapping[str, float]) -> dict[str, float]:
     """``metrics`` unchanged, or EvaluationFailed when ``eval/failed`` is all of ``eval/n``,
     naming the task and the most frequent reasons with their counts."""
-    n, failed = metrics["eval/n"], metrics.get("eval/failed", 0.0)
+    n, failed = metrics[EVAL_N], metrics.get(EVAL_FAILED, 0.0)
     if n > 0 and failed >= n:
         reasons = sorted(
-            ((k.removeprefix(FAILURES), v) for k, v in metrics.items() if k.startswith(FAILURES)),
+            (
+                (k.removeprefix(EVAL_FAILURES), v)
+                for k, v in metrics.items()
+                if k.startswith(EVAL_FAILURES)
+            ),
             key=lambda kv: (-kv[1], kv[0]),
         )
         named = ", ".join(f"{r} ({int(c)})" for r, c in reasons[:REASONS_NAMED])
@@ -57,7 +61,7 @@ def session_eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, floa
     )
     first_failed = [next((s for s in g if s.status == Status.FAILED), g[0]) for g in groups]
     return {
-        "eval/accuracy": float(scores.mean()),
+        EVAL_ACCURACY: float(scores.mean()),
         **failure_metrics([s for s, o in zip(first_failed, ok, strict=True) if not o]),
-        "eval/n": float(len(groups)),
+        EVAL_N: float(len(groups)),
     }

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.canonical import build_or_fail, check_many
 from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
@@ -150,7 +151,7 @@ class GSM8KLoop(AgentLoop):
 
     def pop_metrics(self) -> dict[str, float]:
         """Counts since the last call, then reset: ``reward/errors``."""
-        out = {"reward/errors": float(self._reward_errors)}
+        out = {mn.REWARD_ERRORS: float(self._reward_errors)}
         self._reward_errors = 0
         return out
 
@@ -184,11 +185,11 @@ class GSM8KLoop(AgentLoop):
         lengths = np.array([len(g.token_ids) for g in gens], dtype=np.float64)  # [N]
         truncated = np.array([g.finish_reason == "length" for g in gens], dtype=np.float64)  # [N]
         metrics = {
-            "eval/accuracy": float(correct.mean()),
-            "eval/mean_response_len": float(lengths.mean()),
-            "eval/truncated_frac": float(truncated.mean()),
-            "eval/reward_errors": float(reward_errors),
+            mn.EVAL_ACCURACY: float(correct.mean()),
+            mn.EVAL_RESPONSE_LEN_MEAN: float(lengths.mean()),
+            mn.EVAL_TRUNCATED_FRAC: float(truncated.mean()),
+            mn.EVAL_REWARD_ERRORS: float(reward_errors),
             **failure_metrics(samples),
-            "eval/n": float(len(tasks)),
+            mn.EVAL_N: float(len(tasks)),
         }
         return check_evaluation(self.task_name, metrics)

@@ -24,6 +24,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.config.schema import SamplingConfig
@@ -208,7 +209,7 @@ def session_metrics(counts: Mapping[str, float]) -> dict[str, float]:
     calls = max(counts.get("generate_calls", 0.0), 1.0)
     return {
         "agent/errors": counts.get("agent_errors", 0.0),
-        "reward/errors": counts.get("reward_errors", 0.0),
+        mn.REWARD_ERRORS: counts.get("reward_errors", 0.0),
         "agent/sessions": counts.get("sessions", 0.0),
         "agent/segments_per_session": counts.get("segments", 0.0) / sessions,
         "agent/turns_per_session": counts.get("turns", 0.0) / sessions,

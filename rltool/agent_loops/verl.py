@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
 from rltool.agent_loops.gsm8k import ground_truth_of
@@ -106,7 +107,7 @@ class VerlAgentLoop(AgentLoop):
         )
         self._token_text: dict[int, str] = {}
         self._metrics = {
-            "reward/errors": 0,
+            mn.REWARD_ERRORS: 0,
             "verl/failed": 0,
             "verl/engine_calls": 0,
             "verl/turns": 0,
@@ -304,17 +305,17 @@ class VerlAgentLoop(AgentLoop):
         if reward_score is not None:
             score = float(reward_score)
             if not math.isfinite(score):
-                self._metrics["reward/errors"] += 1
+                self._metrics[mn.REWARD_ERRORS] += 1
                 return state.fail(f"reward: the verl loop's reward_score is {score}")
             state.reward = {"score": score, "source": "loop"}
         elif self.reward is None:
-            self._metrics["reward/errors"] += 1
+            self._metrics[mn.REWARD_ERRORS] += 1
             return state.fail(
                 "reward: the verl loop set no reward_score and agent_loop.options.reward names no "
                 f"judger (known: {', '.join(JUDGERS)})"
             )
         elif truth is None:
-            self._metrics["reward/errors"] += 1
+            self._metrics[mn.REWARD_ERRORS] += 1
             return state.fail(
                 "reward: the task has no 'answer' or reward_model.ground_truth to judge against"
             )
@@ -328,7 +329,7 @@ class VerlAgentLoop(AgentLoop):
                 "correct": result.correct,
             }
             if result.status == "error":
-                self._metrics["reward/errors"] += 1
+                self._metrics[mn.REWARD_ERRORS] += 1
                 state.reward["error"] = result.error
                 return state.fail(f"reward: {result.error}")
         state.status = Status.COMPLETED
@@ -361,7 +362,7 @@ class VerlAgentLoop(AgentLoop):
         self._metrics = dict.fromkeys(self._metrics, 0)
         group_ids = [f"eval-{i}" for i in range(len(tasks))]
         samples = [g[0] for g in self.generate_groups(tasks, 1, group_ids, sampling)]
-        reward_errors = self._metrics["reward/errors"]
+        reward_errors = self._metrics[mn.REWARD_ERRORS]
         self._metrics, self._trajectories = kept
         ok = [s.status == Status.COMPLETED for s in samples]
         scores = [s.score if o else None for o, s in zip(ok, samples, strict=True)]
@@ -371,11 +372,11 @@ class VerlAgentLoop(AgentLoop):
         )  # [N]
         truncated = np.array([s.finish_reason == "length" for s in samples], np.float64)  # [N]
         metrics = {
-            "eval/accuracy": float(solved.mean()),
-            "eval/mean_response_len": float(lengths.mean()),
-            "eval/truncated_frac": float(truncated.mean()),
-            "eval/reward_errors": float(reward_errors),
+            mn.EVAL_ACCURACY: float(solved.mean()),
+            mn.EVAL_RESPONSE_LEN_MEAN: float(lengths.mean()),
+            mn.EVAL_TRUNCATED_FRAC: float(truncated.mean()),
+            mn.EVAL_REWARD_ERRORS: float(reward_errors),
             **failure_metrics(samples),
-            "eval/n": float(len(tasks)),
+            mn.EVAL_N: float(len(tasks)),
         }
         return check_evaluation(self.task_name, metrics)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rltool import metric_names as mn
 from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.app.failed_steps import (
     all_failed,
@@ -135,7 +136,7 @@ def _resume(run: Run, recipe: RecipeConfig, run_dir: Path, view: RunView) -> lis
 def _evaluate(run: Run, writer: MetricsWriter, view: RunView) -> dict[str, float]:
     t0 = time.perf_counter()
     metrics = evaluate(run)
-    metrics["time/eval"] = time.perf_counter() - t0
+    metrics[mn.TIME_EVAL] = time.perf_counter() - t0
     writer.write(run.step, metrics, kind="eval")
     view.eval_line(run.step, metrics)
     return metrics
@@ -181,8 +182,8 @@ def _step(
     metrics = {**produced.metrics(), **result.metrics}
     if run.shard is not None:
         metrics["dist/world_size"] = float(run.shard.world_size)
-    metrics |= {"time/generate": t_gen, "time/overlap": overlap}
-    metrics["time/step"] = time.perf_counter() - t_step
+    metrics |= {mn.TIME_GENERATE: t_gen, mn.TIME_OVERLAP: overlap}
+    metrics[mn.TIME_STEP] = time.perf_counter() - t_step
     return metrics, result.batch.skipped_groups, produced.failed_groups
 
 

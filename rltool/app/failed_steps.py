@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from rltool.metric_names import DATA_TRAINING_SAMPLES, FAILURES, FAILURES_SAMPLES
 from rltool.rollout.failures import failure_reason
 from rltool.rollout.state import RolloutState, Status
 
 EXIT_TRAINED_NOTHING = 3  # rltool train's exit code when the run trained on no sample
-FAILED_SAMPLES = "failures/samples"
-TRAINED_SAMPLES = "data/training_samples"
 MAX_REASONS_SHOWN = 3
 
 
 def all_failed(metrics: Mapping[str, float]) -> bool:
     """A step with no trained sample and at least one failed one."""
-    return metrics.get(TRAINED_SAMPLES, 0.0) == 0 and metrics.get(FAILED_SAMPLES, 0.0) > 0
+    return metrics.get(DATA_TRAINING_SAMPLES, 0.0) == 0 and metrics.get(FAILURES_SAMPLES, 0.0) > 0
 
 
 def failed_streak(history: Sequence[Mapping[str, float]]) -> int:
@@ -37,14 +36,14 @@ def run_failures(history: Iterable[Mapping[str, float]]) -> dict[str, int]:
     totals: dict[str, int] = {}
     for metrics in history:
         for key, value in metrics.items():
-            if key.startswith("failures/") and key != FAILED_SAMPLES:
-                reason = key.removeprefix("failures/")
+            if key.startswith(FAILURES) and key != FAILURES_SAMPLES:
+                reason = key.removeprefix(FAILURES)
                 totals[reason] = totals.get(reason, 0) + int(value)
     return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def trained_samples(history: Iterable[Mapping[str, float]]) -> int:
-    return int(sum(m.get(TRAINED_SAMPLES, 0.0) for m in history))
+    return int(sum(m.get(DATA_TRAINING_SAMPLES, 0.0) for m in history))
 
 
 def new_failures(

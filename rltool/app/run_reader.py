@@ -12,11 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rltool import metric_names as mn
 from rltool.app.metrics_log import METRICS_FILE
 from rltool.config.loader import RUN_CONFIG
 
 TRAIN, EVAL = "train", "eval"  # the ``kind`` of a metrics line (driver.py)
 RESUMES_FILE = "resumes.jsonl"
+
+# names that runs wrote before a rename -> the name the figure has now (rltool/metric_names.py);
+# a line keeps a name it already has under the new spelling
+OLD_NAMES: dict[str, str] = {
+    "staleness/stale_tokens_masked": mn.STALE_TOKENS,
+    "rollout/response_tokens_mean": mn.ROLLOUT_RESPONSE_LEN_MEAN,
+    "eval/mean_response_len": mn.EVAL_RESPONSE_LEN_MEAN,
+}
 
 
 @dataclass(slots=True)
@@ -81,7 +90,7 @@ def read_run(run_dir: Path, name: str | None = None) -> RunRecord:
             raise ValueError(f"{path}: line {number} is not JSON ({exc.msg})") from exc
         if not isinstance(line, dict) or not isinstance(line.get("step"), int):
             raise ValueError(f"{path}: line {number} is not a metrics line (no integer 'step')")
-        by_kind.setdefault(str(line.get("kind", TRAIN)), {})[line["step"]] = line
+        by_kind.setdefault(str(line.get("kind", TRAIN)), {})[line["step"]] = renamed(line)
     config = run_dir / RUN_CONFIG
     resumes = run_dir / RESUMES_FILE
     return RunRecord(
@@ -92,6 +101,25 @@ def read_run(run_dir: Path, name: str | None = None) -> RunRecord:
         resumes=len(resumes.read_text(encoding="utf-8").splitlines()) if resumes.is_file() else 0,
         notes=notes,
     )
+
+
+def renamed(line: dict[str, Any]) -> dict[str, Any]:
+    """A metrics line with every old name (``OLD_NAMES``) under its new one; per-task
+    evaluation figures (``eval/<task>/mean_response_len``) too."""
+    out = {key: value for key, value in line.items() if _new_name(key) == key}
+    for key, value in line.items():
+        out.setdefault(_new_name(key), value)  # a figure also under its new name keeps it
+    return out
+
+
+def _new_name(key: str) -> str:
+    if key in OLD_NAMES:
+        return OLD_NAMES[key]
+    task, _, figure = key.removeprefix(mn.EVAL).rpartition("/")
+    old = f"{mn.EVAL}{figure}"
+    if key.startswith(mn.EVAL) and task and old in OLD_NAMES:
+        return mn.eval_of_task(OLD_NAMES[old], task)
+    return key
 
 
 def read_runs(run_dirs: list[Path]) -> list[RunRecord]:
@@ -139,11 +167,11 @@ def series(run: RunRecord, kind: str, key: str) -> Series:
 
 def summarize(run: RunRecord) -> RunSummary:
     train, evals = run.lines.get(TRAIN, []), run.lines.get(EVAL, [])
-    acc = [(line["step"], line.get("eval/accuracy")) for line in evals]
+    acc = [(line["step"], line.get(mn.EVAL_ACCURACY)) for line in evals]
     acc = [(step, a) for step, a in acc if a is not None]
     final = acc[-1] if acc else (None, None)
     best = max(acc, key=lambda sa: (sa[1], -sa[0])) if acc else (None, None)
-    times = [line.get("time/step") for line in train] + [line.get("time/eval") for line in evals]
+    times = [line.get(mn.TIME_STEP) for line in train] + [line.get(mn.TIME_EVAL) for line in evals]
     return RunSummary(
         steps=train[-1]["step"] if train else 0,
         final_accuracy=final[1],

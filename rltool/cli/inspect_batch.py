@@ -1,10 +1,10 @@
 """``rltool inspect-batch FILE``: convert rollouts exactly as training would and show the result.
 
 The groups come from a rollout JSONL file (or, for a recipe ``.yaml``, from one
-step of the recipe's generation). When a staleness limit is given, the bake is
-applied first, as the replay buffer applies it on the live path (stale labels
-cleared, expired samples marked EXPIRED); the positions it clears are computed
-before it, so the view tells stale tokens from tokens never supervised. The
+step of the recipe's generation). When a staleness limit is given, stale tokens are
+first marked as not trained by the replay buffer's own function (``bake_group``:
+labels cleared, expired samples marked EXPIRED); it reports the positions it
+cleared, so the view tells stale tokens from tokens never supervised. The
 groups are then converted by ``convert_groups``, the one conversion training
 uses, into the row layout the updater trains on (``--prefix-sharing``), and the
 TrainBatch is rendered (``rltool.report.inspect_view``) or printed as JSON
@@ -26,12 +26,13 @@ from rich.text import Text
 
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
+from rltool.metric_names import EXPIRED_SAMPLES, STALE_TOKENS
 from rltool.report.batch_json import batch_to_json
 from rltool.report.console import make_console
-from rltool.report.inspect_view import Decoder, render_batch, stale_positions, tokenizer_decoder
+from rltool.report.inspect_view import Decoder, render_batch, tokenizer_decoder
 from rltool.report.routing_view import parse_routing_request, render_routing, routing_of_token
 from rltool.rollout.io import not_a_file_reason, read_groups
-from rltool.rollout.staleness import StalenessLimits, bake_staleness
+from rltool.rollout.staleness import StalenessLimits, bake_group
 from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.batch import TrainBatch
 from rltool.training.convert import ConversionConfig, convert_groups
@@ -145,34 +146,27 @@ def _with_options(settings: Settings, options: dict[str, Any]) -> Settings:
 class BakeResult:
     stale: dict[str, np.ndarray]  # rollout_id -> [T] positions whose labels were cleared
     cleared: int  # supervised tokens cleared
-    expired: int  # samples marked EXPIRED
+    expired: int  # samples of the groups that expired (not trained), as the producer counts
 
 
 def bake_groups(
     groups: list[list[RolloutState]], train_step: int, limits: StalenessLimits
 ) -> BakeResult:
-    """The replay buffer's bake, applied explicitly: every member of each COMPLETED group
-    whose steps line up with its labels, in place; an expired member becomes EXPIRED."""
+    """The replay buffer's bake (``bake_group``, the same function) on every COMPLETED group,
+    in place; only those reach the buffer's take. A member that expires is marked EXPIRED,
+    so conversion skips its group as the buffer would not serve it."""
     out = BakeResult({}, 0, 0)
-    if not limits.bakes:
-        return out
     for group in groups:
         if group_status(s.status for s in group) != Status.COMPLETED:
             continue
+        baked = bake_group(group, train_step, limits)
+        out.cleared += baked.cleared
+        out.expired += len(group) if baked.expired else 0
         for s in group:
-            steps, labels = s.response_model_steps, s.labels
-            if steps is None or labels is None or len(labels) - len(s.prompt_ids) != len(steps):
-                continue  # conversion skips it as invalid
-            out.stale[s.rollout_id] = stale_positions(s, train_step, limits)
-            r = bake_staleness(s, train_step, limits)
-            out.cleared += r.cleared
-            if r.expired:
-                out.expired += 1
-                s.status = Status.EXPIRED
-                s.error = (
-                    f"expired at train step {train_step}: {r.reason} "
-                    f"(oldest token staleness {r.max_staleness})"
-                )
+            if s.rollout_id in baked.positions:
+                stale_T = np.zeros(len(s.labels), dtype=bool)  # [T]
+                stale_T[baked.positions[s.rollout_id]] = True
+                out.stale[s.rollout_id] = stale_T
     return out
 
 
@@ -271,8 +265,8 @@ def inspect_batch(
             batch = convert_groups(source.groups, conversion, step)
         except ValueError as exc:
             raise UserError(f"{file}: {exc}", 1) from exc
-        batch.data_info["data/staleness/stale_tokens"] = float(baked.cleared)
-        batch.data_info["data/staleness/expired_samples"] = float(baked.expired)
+        batch.data_info[STALE_TOKENS] = float(baked.cleared)  # the producer's figures
+        batch.data_info[EXPIRED_SAMPLES] = float(baked.expired)
         indices = select_samples(batch, sample, limit)
         if routing is not None:
             try:

@@ -15,7 +15,13 @@ from typing import Any
 
 from rltool.config.schema import RecipeConfig
 from rltool.produce.result import Accounting, Fate
-from rltool.rollout.staleness import StalenessLimits, bake_staleness, expiry_reason
+from rltool.rollout.staleness import (
+    StalenessLimits,
+    bake_group,
+    can_bake,
+    expiry_reason,
+    mark_expired,
+)
 from rltool.rollout.state import RolloutState, Status, group_status
 
 Group = list[RolloutState]
@@ -79,20 +85,6 @@ def reset_to_prompt(state: RolloutState) -> RolloutState:
             setattr(state, name, info.get_default())
     state.status = Status.INIT
     return state
-
-
-def _bakeable(s: RolloutState) -> bool:
-    """Lengths that let bake_staleness line steps up with labels; the controller skips
-    a sample that breaks them as invalid, so the buffer leaves it untouched."""
-    steps, labels = s.response_model_steps, s.labels
-    return (
-        steps is not None and labels is not None and len(labels) - len(s.prompt_ids) == len(steps)
-    )
-
-
-def _mark_expired(s: RolloutState, train_step: int, reason: str) -> None:
-    s.status = Status.EXPIRED
-    s.error = f"expired at train step {train_step}: {reason}"
 
 
 def _min_model_step(group: Sequence[RolloutState]) -> float:
@@ -242,32 +234,20 @@ class ReplayBuffer:
         return fate
 
     def _bake(self, group: Group, train_step: int) -> bool:
-        """Bake every member (so the counts are whole); True if any expired.
-
-        Expired members are marked EXPIRED with the reason in ``error``."""
-        if not self.cfg.staleness.bakes:
-            return False
-        expired = False
-        for s in group:
-            if not _bakeable(s):
-                continue
-            r = bake_staleness(s, train_step, self.cfg.staleness)
-            self.counters.stale_tokens += r.cleared
-            if r.expired:
-                _mark_expired(
-                    s, train_step, f"{r.reason} (oldest token staleness {r.max_staleness})"
-                )
-                expired = True
-        return expired
+        """Mark stale tokens of every member as not trained (``bake_group``, the one rule
+        inspect-batch also applies); True if any member expired (marked EXPIRED)."""
+        baked = bake_group(group, train_step, self.cfg.staleness)
+        self.counters.stale_tokens += baked.cleared
+        return baked.expired
 
     def _check_expiry(self, group: Group, train_step: int) -> bool:
         """Whether any member is already too stale at ``train_step`` (nothing is baked);
         expired members are marked EXPIRED with the reason."""
         expired = False
         for s in group:
-            reason = expiry_reason(s, train_step, self.cfg.staleness) if _bakeable(s) else None
+            reason = expiry_reason(s, train_step, self.cfg.staleness) if can_bake(s) else None
             if reason is not None:
-                _mark_expired(s, train_step, reason)
+                mark_expired(s, train_step, reason)
                 expired = True
         return expired
 

@@ -17,6 +17,7 @@ import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.lora import rollout_state_dict
+from rltool.metric_names import EXPIRED_SAMPLES, STALE_TOKENS
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
 from rltool.produce.filters import GROUP_FILTERS, apply_group_filter, oversample
@@ -317,8 +318,8 @@ class Producer:
             **per_task_metrics(tally.generated),
             **failure_metrics(tally.failed),
             **staleness_metrics(batch, train_step),
-            "staleness/expired_samples": float(tally.expired_samples),
-            "staleness/stale_tokens_masked": float(stale),
+            EXPIRED_SAMPLES: float(tally.expired_samples),
+            STALE_TOKENS: float(stale),
             "produce/errors": float(len(tally.errors)),
             "produce/refills": float(tally.refills),
             "produce/in_flight": float(self.backend.in_flight),

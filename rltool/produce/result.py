@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rltool import metric_names as mn
 from rltool.rollout.failures import count_reasons
 from rltool.rollout.staleness import token_staleness
 from rltool.rollout.state import RolloutState, Status
@@ -110,7 +111,8 @@ class Accounting:
 
     def metrics(self) -> dict[str, float]:
         out = {f"produce/samples/{f.value}": float(n) for f, n in self.counts().items()}
-        out["produce/samples/taken"] = float(self.taken)
+        # drawn from the dataset, ever (not .../taken: that is the TAKEN fate's count)
+        out["produce/samples/drawn"] = float(self.taken)
         out["produce/samples/retries"] = float(self.retries)
         return out
 
@@ -152,17 +154,18 @@ def staleness_metrics(batch: Sequence[Group], train_step: int) -> dict[str, floa
     steps = [s.response_model_steps for g in batch for s in g if s.response_model_steps is not None]
     st = token_staleness(train_step, np.concatenate(steps) if steps else [])  # [N]
     return {
-        "staleness/tokens_s0": float((st <= 0).sum()),
-        "staleness/tokens_s1": float((st == 1).sum()),
-        "staleness/tokens_s2plus": float((st >= 2).sum()),
-        "staleness/mean": float(st.mean()) if st.size else 0.0,
-        "staleness/max": float(st.max()) if st.size else 0.0,
+        mn.STALENESS_TOKENS[0]: float((st <= 0).sum()),
+        mn.STALENESS_TOKENS[1]: float((st == 1).sum()),
+        mn.STALENESS_TOKENS[2]: float((st >= 2).sum()),
+        mn.STALENESS_MEAN: float(st.mean()) if st.size else 0.0,
+        mn.STALENESS_MAX: float(st.max()) if st.size else 0.0,
     }
 
 
 def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float]:
-    """Reward and status figures over every sample generated, before any filter; the reward
-    mean is over COMPLETED samples with a finite score (NaN when none has one)."""
+    """Reward, truncation and length figures over every sample generated, before any
+    filter; the reward mean is over COMPLETED samples with a finite score (NaN when none
+    has one). FAILED samples are counted by ``failure_metrics``."""
     samples = [s for g in groups for s in g]
     scores = [
         s.score
@@ -172,11 +175,10 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
         and math.isfinite(s.score)
     ]
     return {
-        "rollout/reward_mean": float(np.mean(scores)) if scores else math.nan,
-        "rollout/failed": float(sum(s.status == Status.FAILED for s in samples)),
-        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples)
+        mn.ROLLOUT_REWARD_MEAN: float(np.mean(scores)) if scores else math.nan,
+        mn.ROLLOUT_TRUNCATED_FRAC: sum(s.finish_reason == "length" for s in samples)
         / max(len(samples), 1),
-        "rollout/response_tokens_mean": float(
+        mn.ROLLOUT_RESPONSE_LEN_MEAN: float(
             np.mean([0 if s.response_ids is None else len(s.response_ids) for s in samples])
             if samples
             else 0.0
@@ -187,8 +189,8 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
 def failure_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float]:
     """``failures/samples`` (FAILED samples) and ``failures/<reason>`` per short reason."""
     reasons = count_reasons(s for g in groups for s in g)
-    out = {"failures/samples": float(sum(reasons.values()))}
-    return out | {f"failures/{r}": float(n) for r, n in reasons.items()}
+    out = {mn.FAILURES_SAMPLES: float(sum(reasons.values()))}
+    return out | {f"{mn.FAILURES}{r}": float(n) for r, n in reasons.items()}
 
 
 def produced_totals(groups: Iterable[Sequence[RolloutState]]) -> tuple[int, int]:

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from rltool.agent_loops.evaluation import FAILURES
+from rltool.metric_names import EVAL_FAILED, EVAL_FAILURES, EVAL_N, EVAL_REWARD_ERRORS, eval_of_task
 from rltool.produce.task_specs import TaskSpec
 from rltool.rollout.state import RolloutState
 
 # eval metrics that add up over tasks; every other eval metric is a per-row mean
-_EVAL_SUM_KEYS = frozenset({"eval/n", "eval/reward_errors", "eval/failed"})
+_EVAL_SUM_KEYS = frozenset({EVAL_N, EVAL_REWARD_ERRORS, EVAL_FAILED})
 
 
 def per_task_metrics(groups: Sequence[Sequence[RolloutState]]) -> dict[str, float]:
@@ -71,17 +71,19 @@ def evaluate_tasks(
     out: dict[str, float] = {}
     for name, (_, metrics) in per_task.items():
         for key, value in metrics.items():
-            out[f"eval/{name}/{key.removeprefix('eval/')}"] = value
+            out[eval_of_task(key, name)] = value
     common = set.intersection(*(set(m) for _, m in per_task.values()))
     first = next(iter(per_task.values()))[1]
     total = sum(n for n, _ in per_task.values())
-    for key in (k for k in first if k in common and not k.startswith(FAILURES)):
+    for key in (k for k in first if k in common and not k.startswith(EVAL_FAILURES)):
         values = [(n, m[key]) for n, m in per_task.values()]
         if key in _EVAL_SUM_KEYS:
             out[key] = float(sum(v for _, v in values))
         else:
             out[key] = float(sum(n * v for n, v in values) / total)
-    reasons = dict.fromkeys(k for _, m in per_task.values() for k in m if k.startswith(FAILURES))
+    reasons = dict.fromkeys(
+        k for _, m in per_task.values() for k in m if k.startswith(EVAL_FAILURES)
+    )
     for key in reasons:
         out[key] = float(sum(m.get(key, 0.0) for _, m in per_task.values()))
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rltool import metric_names as mn
 from rltool.app.run_reader import (
     EVAL,
     TRAIN,
@@ -43,7 +44,7 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Sampled reward (training rollouts)",
         "mean reward",
         (
-            TraceSpec(TRAIN, "rollout/reward_mean", "all tasks"),
+            TraceSpec(TRAIN, mn.ROLLOUT_REWARD_MEAN, "all tasks"),
             TraceSpec(TRAIN, "task/*/reward_mean", "{match}", breakdown=True),
         ),
     ),
@@ -52,8 +53,8 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Held-out accuracy",
         "accuracy",
         (
-            TraceSpec(EVAL, "eval/accuracy", "all tasks"),
-            TraceSpec(EVAL, "eval/*/accuracy", "{match}", breakdown=True),
+            TraceSpec(EVAL, mn.EVAL_ACCURACY, "all tasks"),
+            TraceSpec(EVAL, mn.eval_of_task(mn.EVAL_ACCURACY, "*"), "{match}", breakdown=True),
         ),
         percent=True,
     ),
@@ -62,18 +63,18 @@ CHARTS: tuple[ChartSpec, ...] = (
         "KL divergence",
         "KL",
         (
-            TraceSpec(TRAIN, "actor/kl", "policy vs reference"),
-            TraceSpec(TRAIN, "actor/rollout_kl", "rollout vs trainer"),
+            TraceSpec(TRAIN, mn.ACTOR_KL, "policy vs reference"),
+            TraceSpec(TRAIN, mn.ACTOR_ROLLOUT_KL, "rollout vs trainer"),
         ),
     ),
     ChartSpec(
-        "entropy", "Policy entropy", "nats / token", (TraceSpec(TRAIN, "actor/entropy", ""),)
+        "entropy", "Policy entropy", "nats / token", (TraceSpec(TRAIN, mn.ACTOR_ENTROPY, ""),)
     ),
     ChartSpec(
         "clip",
         "Clip fraction",
         "tokens clipped",
-        (TraceSpec(TRAIN, "actor/clip_frac", ""),),
+        (TraceSpec(TRAIN, mn.ACTOR_CLIP_FRAC, ""),),
         percent=True,
     ),
     ChartSpec(
@@ -81,8 +82,8 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Response length",
         "tokens",
         (
-            TraceSpec(TRAIN, "rollout/response_tokens_mean", "sampled"),
-            TraceSpec(EVAL, "eval/mean_response_len", "held-out"),
+            TraceSpec(TRAIN, mn.ROLLOUT_RESPONSE_LEN_MEAN, "sampled"),
+            TraceSpec(EVAL, mn.EVAL_RESPONSE_LEN_MEAN, "held-out"),
         ),
     ),
     ChartSpec(
@@ -90,8 +91,8 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Truncated at max_new_tokens",
         "responses truncated",
         (
-            TraceSpec(TRAIN, "rollout/truncated_frac", "sampled"),
-            TraceSpec(EVAL, "eval/truncated_frac", "held-out"),
+            TraceSpec(TRAIN, mn.ROLLOUT_TRUNCATED_FRAC, "sampled"),
+            TraceSpec(EVAL, mn.EVAL_TRUNCATED_FRAC, "held-out"),
         ),
         percent=True,
     ),
@@ -100,8 +101,8 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Staleness of trained tokens",
         "policy versions behind",
         (
-            TraceSpec(TRAIN, "staleness/mean", "mean"),
-            TraceSpec(TRAIN, "staleness/max", "max"),
+            TraceSpec(TRAIN, mn.STALENESS_MEAN, "mean"),
+            TraceSpec(TRAIN, mn.STALENESS_MAX, "max"),
         ),
     ),
     ChartSpec(
@@ -109,8 +110,8 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Failed samples",
         "samples",
         (
-            TraceSpec(TRAIN, "failures/samples", "sampled"),
-            TraceSpec(EVAL, "eval/failed", "held-out"),
+            TraceSpec(TRAIN, mn.FAILURES_SAMPLES, "sampled"),
+            TraceSpec(EVAL, mn.EVAL_FAILED, "held-out"),
         ),
     ),
     ChartSpec(
@@ -118,9 +119,9 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Time per step",
         "seconds",
         (
-            TraceSpec(TRAIN, "time/generate", "generate"),
-            TraceSpec(TRAIN, "time/train", "train"),
-            TraceSpec(TRAIN, "time/overlap", "overlap"),
+            TraceSpec(TRAIN, mn.TIME_GENERATE, "generate"),
+            TraceSpec(TRAIN, mn.TIME_TRAIN, "train"),
+            TraceSpec(TRAIN, mn.TIME_OVERLAP, "overlap"),
         ),
     ),
 )

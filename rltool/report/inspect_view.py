@@ -7,9 +7,9 @@ staleness of the target token. Colour tells the three kinds of target apart:
 
 - supervised (green): the loss trains on it;
 - masked (dim): prompt, tool/environment output, padding glue (label -100);
-- stale (red, struck through): supervised when generated, cleared by the
-  staleness bake. Told apart from masked by ``stale_positions``, computed
-  before the bake from the same rule the bake applies.
+- stale (red, struck through): supervised when generated, marked as not trained
+  by the staleness bake. Told apart from masked by the positions the bake
+  reports it cleared (``rltool.rollout.staleness.bake_group``).
 
 In a shared-prefix pack each tree's prefix is shown once, then every sample's
 branch (positions numbered in the sample, so a branch starts at the prefix
@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rltool.report.batch_json import layout_of, slice_sample
-from rltool.rollout.staleness import StalenessLimits, token_staleness
+from rltool.rollout.staleness import position_staleness
 from rltool.rollout.state import IGNORE_INDEX, RolloutState
 from rltool.training.attention import KERNEL_NOTES
 from rltool.training.batch import Pack, SampleInfo, SharedPack, TrainBatch
@@ -81,36 +81,14 @@ def _ids_as_text(ids: list[int]) -> list[str]:
     return [str(i) for i in ids]
 
 
-def target_staleness(state: RolloutState, train_step: int) -> torch.Tensor:
-    """Staleness ``train_step - model_step - 1`` of each shifted target.  # [T - 1]
+def target_staleness(state: RolloutState, train_step: int) -> np.ndarray:
+    """Staleness of each shifted target (``position_staleness``, the rule the bake reads).
+    # [T - 1]
 
     Target at shifted position i is the token at i + 1; prompt tokens and
     samples without ``response_model_steps`` get nan (shown blank).
     """
-    assert state.input_ids is not None
-    staleness = torch.full((len(state.input_ids),), math.nan, dtype=torch.float64)  # [T]
-    if state.response_model_steps is not None:
-        steps = torch.tensor(state.response_model_steps, dtype=torch.float64)  # [R]
-        staleness[len(state.prompt_ids) :] = train_step - steps - 1
-    return staleness[1:]  # [T - 1]
-
-
-def stale_positions(state: RolloutState, train_step: int, limits: StalenessLimits) -> np.ndarray:
-    """Positions whose labels the staleness bake clears at ``train_step``.  # [T] bool
-
-    The bake's rule (``rltool.rollout.staleness``), computed before baking: a supervised
-    response token whose staleness reached ``limits.token_threshold``.
-    """
-    assert state.labels is not None
-    labels_T = np.asarray(state.labels, dtype=np.int64)  # [T]
-    stale_T = np.zeros(labels_T.size, dtype=bool)  # [T]
-    threshold, steps = limits.token_threshold, state.response_model_steps
-    if threshold is None or steps is None:
-        return stale_T
-    p = len(state.prompt_ids)
-    old_R = token_staleness(train_step, steps) >= threshold  # [R]
-    stale_T[p:] = old_R & (labels_T[p:] != IGNORE_INDEX)
-    return stale_T
+    return position_staleness(state, train_step)[1:]  # [T - 1]
 
 
 def target_kinds(targets: torch.Tensor, stale_T: np.ndarray | None) -> torch.Tensor:
@@ -351,8 +329,8 @@ def render_batch(
     """Print the batch: legend, each pack's selected samples, data_info, skipped groups.
 
     ``groups`` are the groups that were converted; ``stale`` maps a rollout_id to the
-    positions [T] the staleness bake cleared (``stale_positions``, computed before the
-    bake); ``sample_indices`` index ``batch.samples`` and select which samples are shown.
+    positions [T] the staleness bake cleared (as ``bake_group`` reported them);
+    ``sample_indices`` index ``batch.samples`` and select which samples are shown.
     """
     view = _View(batch, _by_rollout_id(groups), stale or {}, train_step, decode)
     selected = set(range(len(batch.samples)) if sample_indices is None else sample_indices)

@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rltool import metric_names as mn
+
 if TYPE_CHECKING:  # records only: the view does not import the producer (torch)
     from rltool.produce.backend import WorkerDeath
     from rltool.produce.result import GroupError
@@ -20,17 +22,17 @@ if TYPE_CHECKING:  # records only: the view does not import the producer (torch)
 
 # (metric key, label, format) of the compact per-step line
 STEP_FIELDS = (
-    ("rollout/reward_mean", "reward", "{:.3f}"),
-    ("data/training_samples", "samples", "{:.0f}"),
-    ("data/supervised_tokens", "sup.tok", "{:.0f}"),
-    ("data/response_len/mean", "resp.len", "{:.1f}"),
-    ("data/skipped_groups", "skipped", "{:.0f}"),
-    ("actor/clip_frac", "clip", "{:.3f}"),
-    ("actor/kl", "kl", "{:.4f}"),
-    ("actor/grad_norm", "|g|", "{:.2f}"),
-    ("time/generate", "gen", "{:.1f}s"),
-    ("time/train", "train", "{:.1f}s"),
-    ("time/step", "step", "{:.1f}s"),
+    (mn.ROLLOUT_REWARD_MEAN, "reward", "{:.3f}"),
+    (mn.DATA_TRAINING_SAMPLES, "samples", "{:.0f}"),
+    (mn.DATA_SUPERVISED_TOKENS, "sup.tok", "{:.0f}"),
+    (mn.DATA_RESPONSE_LEN_MEAN, "resp.len", "{:.1f}"),
+    (mn.DATA_SKIPPED_GROUPS, "skipped", "{:.0f}"),
+    (mn.ACTOR_CLIP_FRAC, "clip", "{:.3f}"),
+    (mn.ACTOR_KL, "kl", "{:.4f}"),
+    (mn.ACTOR_GRAD_NORM, "|g|", "{:.2f}"),
+    (mn.TIME_GENERATE, "gen", "{:.1f}s"),
+    (mn.TIME_TRAIN, "train", "{:.1f}s"),
+    (mn.TIME_STEP, "step", "{:.1f}s"),
 )
 
 
@@ -44,25 +46,24 @@ def _fmt(metrics: dict[str, float], key: str, fmt: str) -> str | None:
 def staleness_figure(metrics: dict[str, float]) -> str | None:
     """``0:96 1:32 2+:0 exp 2 mask 5``: response tokens by staleness, samples expired and
     tokens masked as too stale; None when the step has no staleness figures."""
-    keys = ("staleness/tokens_s0", "staleness/tokens_s1", "staleness/tokens_s2plus")
-    if not all(k in metrics for k in keys):
+    if not all(k in metrics for k in mn.STALENESS_TOKENS):
         return None
-    s0, s1, s2 = (int(metrics[k]) for k in keys)
-    expired = int(metrics.get("staleness/expired_samples", 0))
-    masked = int(metrics.get("staleness/stale_tokens_masked", 0))
+    s0, s1, s2 = (int(metrics[k]) for k in mn.STALENESS_TOKENS)
+    expired = int(metrics.get(mn.EXPIRED_SAMPLES, 0))
+    masked = int(metrics.get(mn.STALE_TOKENS, 0))
     return f"0:{s0} 1:{s1} 2+:{s2} exp {expired} mask {masked}"
 
 
 def failure_counts(metrics: dict[str, float]) -> str | None:
     """``6 (4 reward: timeout, 2 agent: ValueError)``: the step's failed samples by
     reason (the ``failures/*`` figures); None when no sample failed."""
-    total = int(metrics.get("failures/samples", 0))
+    total = int(metrics.get(mn.FAILURES_SAMPLES, 0))
     if total == 0:
         return None
     reasons = [
-        (k.removeprefix("failures/"), int(v))
+        (k.removeprefix(mn.FAILURES), int(v))
         for k, v in metrics.items()
-        if k.startswith("failures/") and k != "failures/samples"
+        if k.startswith(mn.FAILURES) and k != mn.FAILURES_SAMPLES
     ]
     reasons.sort(key=lambda rn: (-rn[1], rn[0]))
     return f"{total} (" + ", ".join(f"{n} {r}" for r, n in reasons) + ")"
@@ -153,7 +154,7 @@ class TrainView:
         figure = staleness_figure(metrics) if self.show_staleness else None
         if figure is not None:
             parts.append(f"stale [cyan]{figure}[/]")
-            parts.append(f"overlap [cyan]{metrics.get('time/overlap', 0.0):.1f}s[/]")
+            parts.append(f"overlap [cyan]{metrics.get(mn.TIME_OVERLAP, 0.0):.1f}s[/]")
         self.console.print("  ".join(parts))
         if skipped:
             reasons: dict[str, int] = {}
@@ -179,29 +180,31 @@ class TrainView:
     def eval_line(self, step: int, metrics: dict[str, float]) -> None:
         if self.quiet:
             return
-        acc = metrics.get("eval/accuracy", math.nan)
+        acc = metrics.get(mn.EVAL_ACCURACY, math.nan)
         extra = "  ".join(
-            f"{k.removeprefix('eval/')} {v:.3f}"
+            f"{k.removeprefix(mn.EVAL)} {v:.3f}"
             for k, v in metrics.items()
-            if k.startswith("eval/") and k != "eval/accuracy"
+            if k.startswith(mn.EVAL) and k != mn.EVAL_ACCURACY
         )
         self.console.print(
             f"[bold magenta]eval @ step {step:>4}[/]  accuracy [bold]{acc:.3f}[/]  "
             f"[dim]{escape(extra)}"
-            f"  ({metrics.get('time/eval', 0.0):.1f}s)[/]"
+            f"  ({metrics.get(mn.TIME_EVAL, 0.0):.1f}s)[/]"
         )
 
     def summary(self, outcome: Any, history: list[dict[str, float]]) -> None:
         table = Table(title=f"rltool train: {outcome.run_dir}", show_header=True)
         table.add_column("")
         table.add_column("value", justify="right")
-        first = outcome.first_eval.get("eval/accuracy", math.nan)
-        last = outcome.last_eval.get("eval/accuracy", math.nan)
+        first = outcome.first_eval.get(mn.EVAL_ACCURACY, math.nan)
+        last = outcome.last_eval.get(mn.EVAL_ACCURACY, math.nan)
         table.add_row("steps", f"{outcome.steps_done} (stopped by {outcome.stopped_by})")
         table.add_row("held-out accuracy", f"{first:.3f} -> {last:.3f} ({last - first:+.3f})")
         if history:
-            table.add_row("reward, first -> last step", _first_last(history, "rollout/reward_mean"))
-            for key in ("time/generate", "time/train", "time/overlap", "time/step"):
+            table.add_row(
+                "reward, first -> last step", _first_last(history, mn.ROLLOUT_REWARD_MEAN)
+            )
+            for key in (mn.TIME_GENERATE, mn.TIME_TRAIN, mn.TIME_OVERLAP, mn.TIME_STEP):
                 mean = sum(h.get(key, 0.0) for h in history) / len(history)
                 table.add_row(f"{key} (mean)", f"{mean:.2f}s")
         failures = getattr(outcome, "failures", {})

@@ -9,9 +9,11 @@ With ``sync_interval`` train steps between weight syncs:
 - a sample expires when its oldest token reaches ``(max_staleness + 1) * sync_interval``,
   or when no supervised token is left.
 
-Stale tokens get label -100 (and logprob 0.0, so the sample still satisfies
-invariant 4). On the live path the replay buffer bakes once, when a batch is
-taken for training; ``expiry_reason`` reads staleness without baking. Clearing
+"The bake" marks stale tokens as not trained: label -100 (and logprob 0.0, so the
+sample still satisfies invariant 4), written in place. The replay buffer bakes once,
+when a batch is taken for training (``bake_group``); ``rltool inspect-batch`` calls the
+same ``bake_group``, so it shows what training does. ``expiry_reason`` (the buffer's
+check when a group arrives) reads the same rule (``_judge``) without writing. Clearing
 only ever removes supervision, so baking twice gives identical labels. A sample
 without ``response_model_steps`` is never stale.
 """
@@ -19,12 +21,12 @@ without ``response_model_steps`` is never stale.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from rltool.config.schema import AlgorithmConfig
-from rltool.rollout.state import IGNORE_INDEX, RolloutState
+from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,50 +76,73 @@ def token_staleness(train_step: int, model_steps: Sequence[int] | np.ndarray) ->
     return train_step - np.asarray(model_steps, dtype=np.int64) - 1  # [R]
 
 
+def position_staleness(state: RolloutState, train_step: int) -> np.ndarray:
+    """``token_staleness`` at every position of the sequence.  # [T] float64
+
+    nan at prompt positions and everywhere when the sample has no ``response_model_steps``.
+    """
+    assert state.input_ids is not None
+    staleness_T = np.full(len(state.input_ids), np.nan)  # [T]
+    if state.response_model_steps is not None:
+        p = len(state.prompt_ids)
+        staleness_T[p:] = token_staleness(train_step, state.response_model_steps)  # [R]
+    return staleness_T
+
+
 @dataclass(frozen=True, slots=True)
 class StalenessResult:
     cleared: int  # supervised tokens this call set to -100
     max_staleness: int  # staleness of the oldest response token; 0 without model steps
     expired: bool
     reason: str | None = None  # "max_staleness" | "no_supervised_tokens" when expired
+    # positions in the full sequence (indices into input_ids) whose labels this call cleared
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 NOT_STALE = StalenessResult(cleared=0, max_staleness=0, expired=False)
 
 
-def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -> StalenessResult:
-    """Clear stale tokens' labels (and logprobs) of one sample in place; report expiry.
-
-    Expects the sample's fields to satisfy the section-4 invariants (the lengths
-    in particular); with both limits None nothing is cleared and nothing expires.
-    """
-    tok_thr, sample_thr = cfg.token_threshold, cfg.sample_threshold
+def _judge(state: RolloutState, train_step: int, cfg: StalenessLimits) -> StalenessResult:
+    """The one staleness rule, read without writing: which supervised tokens are stale at
+    ``train_step`` and whether the sample expires once they are cleared."""
     if state.response_model_steps is None:
         return NOT_STALE
     assert state.labels is not None
     staleness_R = token_staleness(train_step, state.response_model_steps)  # [R]
     oldest = int(staleness_R.max()) if staleness_R.size else 0
+    tok_thr, sample_thr = cfg.token_threshold, cfg.sample_threshold
     if tok_thr is None and sample_thr is None:
         return StalenessResult(cleared=0, max_staleness=oldest, expired=False)
-
     p = len(state.prompt_ids)
-    labels_T = state.labels  # [T], the sample's own array: written in place
-    cleared = 0
+    supervised_T = np.asarray(state.labels) != IGNORE_INDEX  # [T]
+    stale_R = np.zeros(staleness_R.size, dtype=bool)  # [R]
     if tok_thr is not None:
-        stale_R = (staleness_R >= tok_thr) & (labels_T[p:] != IGNORE_INDEX)  # [R]
-        cleared = int(stale_R.sum())
-        if cleared:
-            pos = np.flatnonzero(stale_R) + p  # positions in the full sequence
-            labels_T[pos] = IGNORE_INDEX
-            if state.logprobs is not None:
-                state.logprobs[pos] = 0.0
-
+        stale_R = (staleness_R >= tok_thr) & supervised_T[p:]  # [R]
+    positions = np.flatnonzero(stale_R) + p  # positions in the full sequence
+    supervised_T[positions] = False  # what is left to train once they are cleared
     reason = None
     if sample_thr is not None and oldest >= sample_thr:
         reason = "max_staleness"
-    elif not np.any(labels_T != IGNORE_INDEX):
+    elif not supervised_T.any():
         reason = "no_supervised_tokens"
-    return StalenessResult(cleared, oldest, reason is not None, reason)
+    return StalenessResult(int(positions.size), oldest, reason is not None, reason, positions)
+
+
+def bake_staleness(state: RolloutState, train_step: int, cfg: StalenessLimits) -> StalenessResult:
+    """Mark stale tokens of one sample as not trained, in place: their labels become -100
+    and their logprobs 0.0. Reports what it cleared (``positions``) and whether the sample
+    expires.
+
+    Expects the sample's fields to satisfy the section-4 invariants (the lengths
+    in particular); with both limits None nothing is cleared and nothing expires.
+    """
+    result = _judge(state, train_step, cfg)
+    if result.cleared:
+        assert state.labels is not None
+        state.labels[result.positions] = IGNORE_INDEX  # the sample's own array
+        if state.logprobs is not None:
+            state.logprobs[result.positions] = 0.0
+    return result
 
 
 def expiry_reason(state: RolloutState, train_step: int, cfg: StalenessLimits) -> str | None:
@@ -126,16 +151,54 @@ def expiry_reason(state: RolloutState, train_step: int, cfg: StalenessLimits) ->
 
     Reads staleness and changes nothing: the replay buffer's check when a group arrives
     (the one bake happens when the batch is taken)."""
-    if state.response_model_steps is None or not cfg.bakes:
-        return None
-    staleness_R = token_staleness(train_step, state.response_model_steps)  # [R]
-    oldest = int(staleness_R.max()) if staleness_R.size else 0
-    sample_thr, tok_thr = cfg.sample_threshold, cfg.token_threshold
-    why = f"(oldest token staleness {oldest})"
-    if sample_thr is not None and oldest >= sample_thr:
-        return f"max_staleness {why}"
-    p = len(state.prompt_ids)
-    supervised_T = np.asarray(state.labels, dtype=np.int64) != IGNORE_INDEX  # [T]
-    if tok_thr is not None:
-        supervised_T[p:] &= staleness_R < tok_thr
-    return None if supervised_T.any() else f"no_supervised_tokens {why}"
+    result = _judge(state, train_step, cfg)
+    return _expiry_text(result) if result.expired else None
+
+
+def _expiry_text(result: StalenessResult) -> str:
+    return f"{result.reason} (oldest token staleness {result.max_staleness})"
+
+
+def can_bake(state: RolloutState) -> bool:
+    """Lengths that let the bake line model steps up with labels. Conversion skips a
+    sample that breaks them as invalid, so the bake leaves it untouched."""
+    steps, labels = state.response_model_steps, state.labels
+    return (
+        steps is not None
+        and labels is not None
+        and len(labels) - len(state.prompt_ids) == len(steps)
+    )
+
+
+def mark_expired(state: RolloutState, train_step: int, reason: str) -> None:
+    state.status = Status.EXPIRED
+    state.error = f"expired at train step {train_step}: {reason}"
+
+
+@dataclass(slots=True)
+class GroupBake:
+    """What baking one group did."""
+
+    cleared: int = 0  # supervised tokens set to -100, over the members
+    expired: bool = False  # some member expired (marked EXPIRED): the group is not trained
+    # rollout_id -> positions in the full sequence whose labels were cleared (members baked)
+    positions: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def bake_group(group: Sequence[RolloutState], train_step: int, cfg: StalenessLimits) -> GroupBake:
+    """Bake every member whose fields line up (so the counts are whole), in place: the
+    replay buffer's bake when it serves a group for training, and inspect-batch's.
+    An expired member is marked EXPIRED with the reason in ``error``."""
+    out = GroupBake()
+    if not cfg.bakes:
+        return out
+    for s in group:
+        if not can_bake(s):
+            continue
+        r = bake_staleness(s, train_step, cfg)
+        out.cleared += r.cleared
+        out.positions[s.rollout_id] = r.positions
+        if r.expired:
+            mark_expired(s, train_step, _expiry_text(r))
+            out.expired = True
+    return out

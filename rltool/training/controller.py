@@ -1,9 +1,11 @@
 """TrainingController: grouped rollouts in, one policy update out.
 
 ``fit(groups)`` is the only place where training data is built from rollouts:
-validate groups, bake staleness, compute session-clustered advantages, shift
-once, pack (all in ``convert_groups``), then hand the packs to the policy
-updater. Conversion time counts in ``time/train``.
+validate groups, compute session-clustered advantages, shift once, pack (all in
+``convert_groups``), then hand the packs to the policy updater. Stale tokens come
+already marked as not trained: the replay buffer did it when it served the groups
+(``rollout/staleness.py``); the controller only reads labels. Conversion time
+counts in ``time/train``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rltool.metric_names import TIME_TRAIN
 from rltool.rollout.state import RolloutState
 from rltool.training.batch import TrainBatch
 from rltool.training.convert import ConversionConfig, convert_groups
@@ -37,5 +40,5 @@ class TrainingController:
         if batch.packs:
             metrics.update(self.updater.step(batch.packs))
         metrics["time/convert"] = t_convert
-        metrics["time/train"] = time.perf_counter() - t0
+        metrics[TIME_TRAIN] = time.perf_counter() - t0
         return FitResult(batch=batch, metrics=metrics)

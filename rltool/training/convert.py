@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rltool import metric_names as mn
 from rltool.config.schema import RecipeConfig
 from rltool.packing import padding_waste
 from rltool.rollout.contract import check_samples, errors, group_violations
@@ -223,14 +224,14 @@ def _data_info(
     tool_turns_S = np.array([float((s.extra or {}).get("tool_turns", 0)) for s in samples])
     info: dict[str, float] = {
         "data/groups": float(n_groups),
-        "data/skipped_groups": float(len(scr.skipped)),
+        mn.DATA_SKIPPED_GROUPS: float(len(scr.skipped)),
     }
     for reason, n in sorted(Counter(g.reason for g in scr.skipped).items()):
         info[f"data/skipped/{reason}"] = float(n)
     info |= {
-        "data/training_samples": float(len(samples)),
+        mn.DATA_TRAINING_SAMPLES: float(len(samples)),
         "data/training_tokens": float(n_tokens),
-        "data/supervised_tokens": float(n_active),
+        mn.DATA_SUPERVISED_TOKENS: float(n_active),
         # the rows the updater trains on (shared prefixes: fewer tokens than above)
         "data/packs": float(len(packs)),
         "data/padding_waste": padding_waste(row_tokens, len(packs), cfg.pack_max_length),
@@ -238,7 +239,7 @@ def _data_info(
     info |= _stats("data/rewards", rewards_C[np.isfinite(rewards_C)])
     info |= adv_stats
     info |= _stats("data/prompt_len", flat.P_S.astype(np.float64))
-    info |= _stats("data/response_len", response_len_S.astype(np.float64))
+    info |= _stats(mn.DATA_RESPONSE_LEN, response_len_S.astype(np.float64))
     info["data/tool_turns/mean"] = float(tool_turns_S.mean()) if samples else 0.0
     info["data/staleness/mean"] = float(staleness.mean()) if staleness.size else 0.0
     info["data/staleness/max"] = float(staleness.max()) if staleness.size else 0.0

@@ -30,6 +30,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from rltool import metric_names as mn
 from rltool.config.schema import AlgorithmConfig, DistillConfig, check_distill_config
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
@@ -270,14 +271,14 @@ class PolicyUpdater:
             }
         return {
             "actor/pg_loss": s["pg_loss"] / n_steps,
-            "actor/kl": s.get("kl", 0.0) / tokens,
-            "actor/entropy": s["entropy"] / tokens,
-            "actor/clip_frac": s["clip_frac"] / tokens,
+            mn.ACTOR_KL: s.get("kl", 0.0) / tokens,
+            mn.ACTOR_ENTROPY: s["entropy"] / tokens,
+            mn.ACTOR_CLIP_FRAC: s["clip_frac"] / tokens,
             "actor/ratio_mean": s["ratio"] / tokens,
             "actor/tis_weight_mean": s.get("tis_weight", tokens) / tokens,
-            "actor/rollout_kl": s["rollout_kl"] / max(s["rollout_tokens"], 1.0),
+            mn.ACTOR_ROLLOUT_KL: s["rollout_kl"] / max(s["rollout_tokens"], 1.0),
             "actor/approx_kl_old": s["approx_kl_old"] / tokens,
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+            mn.ACTOR_GRAD_NORM: sum(grad_norms) / len(grad_norms),
             "actor/skipped_steps": float(sum(not math.isfinite(g) for g in grad_norms)),
             "actor/optimizer_steps": float(n_steps),
             "actor/lr": lr,

@@ -183,7 +183,7 @@ def test_evaluate_accuracy_length_and_truncation(tokenizer) -> None:
     # task 0 right (3 tokens with <eos>), task 1 wrong and cut (2 tokens)
     assert metrics == {
         "eval/accuracy": 0.5,
-        "eval/mean_response_len": 2.5,
+        "eval/response_len/mean": 2.5,
         "eval/truncated_frac": 0.5,
         "eval/reward_errors": 0.0,
         "eval/failed": 0.0,

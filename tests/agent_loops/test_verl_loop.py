@@ -291,7 +291,7 @@ def test_evaluate(tokenizer) -> None:
     metrics = loop.evaluate(TASKS, SamplingConfig(temperature=0.0, max_new_tokens=16))
     assert metrics == {
         "eval/accuracy": 0.5,
-        "eval/mean_response_len": 14.0,
+        "eval/response_len/mean": 14.0,
         "eval/truncated_frac": 0.0,
         "eval/failed": 0.0,
         "eval/reward_errors": 0.0,

@@ -413,7 +413,8 @@ def test_expired_group_is_skipped_by_the_explicit_bake(out):
     assert [g["group_id"] for g in got["skipped_groups"]] == ["g-fail", "g-stale"]
     assert got["skipped_groups"][1]["reason"] == "expired"
     info = got["data_info"]
-    assert (info["data/staleness/expired_samples"], info["data/staleness/stale_tokens"]) == (1, 2)
+    # the producer's figures: stale-0 expires, so its group (2 samples) is not trained
+    assert (info["staleness/expired_samples"], info["staleness/stale_tokens"]) == (2, 2)
     assert "stale-1" not in by_id(got)
 
 

@@ -17,6 +17,7 @@ from rltool.produce.result import (
     Accounting,
     Fate,
     ProduceBatchResult,
+    failure_metrics,
     produced_totals,
     rollout_metrics,
     time_stats,
@@ -42,7 +43,8 @@ def test_reward_mean_is_over_completed_samples_before_filtering() -> None:
     produced = [kept, zero_var, failed, no_score]
     # COMPLETED with a finite score: k 1 + 0, z 1 + 1, f/0 0.5 -> 3.5 over 5
     assert rollout_metrics(produced)["rollout/reward_mean"] == 3.5 / 5
-    assert rollout_metrics(produced)["rollout/failed"] == 1.0
+    assert "rollout/failed" not in rollout_metrics(produced)  # one name: failures/samples
+    assert failure_metrics([failed])["failures/samples"] == 1.0
     assert produced_totals(produced) == (8, 32)  # 8 samples x 4 response tokens
     survivors, _ = apply_group_filter([kept, zero_var], "zero_variance")
     # what a post-filter figure would see instead

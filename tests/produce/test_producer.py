@@ -126,7 +126,8 @@ def test_sync_serves_this_steps_groups_in_draw_order():
     assert m["staleness/tokens_s0"] == 32 and m["staleness/tokens_s1"] == 0  # 4 x 2 x 4 tokens
     assert m["produce/produced_samples"] == 8 and m["rollout/reward_mean"] == 0.5
     assert m["reward/errors"] == 4.0  # the loop metrics of every outcome, summed
-    assert m["produce/samples/trained"] == 8 and m["produce/samples/taken"] == 8
+    assert m["produce/samples/trained"] == 8 and m["produce/samples/drawn"] == 8
+    assert m["produce/samples/taken"] == 0  # served and trained: none left in TAKEN
     assert m["task/t/samples"] == 8
     p.update_weights(_Model(), 1)
     assert gids(p.produce(2).groups) == ["s2-g4-p4", "s2-g5-p5", "s2-g6-p6", "s2-g7-p7"]
@@ -270,7 +271,7 @@ def test_expired_groups_are_regenerated_under_the_same_ids_or_dropped(policy):
         assert counts[Fate.DROPPED] > 0 and p.accounting.retries == 0
         assert "s2-g4-p4" not in gids(batches[1])
     m = p.produce(4).metrics()
-    assert m["staleness/expired_samples"] >= 0 and m["produce/samples/taken"] == p.accounting.taken
+    assert m["staleness/expired_samples"] >= 0 and m["produce/samples/drawn"] == p.accounting.taken
 
 
 def test_accounting_holds_with_filter_errors_and_expiry_in_play():

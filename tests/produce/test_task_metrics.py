@@ -58,7 +58,7 @@ def test_evaluate_tasks_weights_the_overall_figures_by_eval_rows() -> None:
         acc = {"add": 1.0, "mul": 0.0}[name]
         return {
             "eval/accuracy": acc,
-            "eval/mean_response_len": 4.0 if name == "add" else 8.0,
+            "eval/response_len/mean": 4.0 if name == "add" else 8.0,
             "eval/reward_errors": 1.0,
             "eval/n": float(len(task_rows)),
         }
@@ -69,15 +69,15 @@ def test_evaluate_tasks_weights_the_overall_figures_by_eval_rows() -> None:
     assert calls == [("add", 3, greedy), ("mul", 1, greedy)]  # a task without rows is skipped
     assert m == {
         "eval/add/accuracy": 1.0,
-        "eval/add/mean_response_len": 4.0,
+        "eval/add/response_len/mean": 4.0,
         "eval/add/reward_errors": 1.0,
         "eval/add/n": 3.0,
         "eval/mul/accuracy": 0.0,
-        "eval/mul/mean_response_len": 8.0,
+        "eval/mul/response_len/mean": 8.0,
         "eval/mul/reward_errors": 1.0,
         "eval/mul/n": 1.0,
         "eval/accuracy": 0.75,  # (3 * 1.0 + 1 * 0.0) / 4
-        "eval/mean_response_len": 5.0,  # (3 * 4 + 1 * 8) / 4
+        "eval/response_len/mean": 5.0,  # (3 * 4 + 1 * 8) / 4
         "eval/reward_errors": 2.0,  # summed
         "eval/n": 4.0,
     }

@@ -79,7 +79,7 @@ def test_every_chart_the_issue_asks_for_is_there():
         "actor/kl",
         "actor/entropy",
         "actor/clip_frac",
-        "rollout/response_tokens_mean",  # response length
+        "rollout/response_len/mean",  # response length
         "rollout/truncated_frac",
         "staleness/mean",
         "failures/samples",
@@ -115,3 +115,29 @@ def test_the_figure_gives_each_run_a_colour_and_each_metric_a_dash(tmp_path):
     ]
     one_metric = figure(build_chart(SPECS["entropy"], _runs(tmp_path)))
     assert one_metric["data"] == [] and one_metric["layout"]["title"]["text"] == "Policy entropy"
+
+
+def test_a_run_written_with_the_old_names_is_drawn_under_the_new_ones(tmp_path):
+    """Runs from before the names were unified (rltool/metric_names.py) still chart: the
+    reader maps each old name to the new one (run_reader.OLD_NAMES)."""
+    old = [
+        train_line(1, {"rollout/response_tokens_mean": 12.0, "staleness/stale_tokens_masked": 3}),
+        train_line(2, {"rollout/response_tokens_mean": 14.0, "staleness/stale_tokens_masked": 0}),
+        eval_line(2, {"eval/mean_response_len": 9.0, "eval/add/mean_response_len": 8.0}),
+    ]
+    (run,) = read_runs([write_run(tmp_path / "old", old)])
+    length = build_chart(SPECS["length"], [run])
+    assert [(t.label, t.series.key, t.series.values) for t in length.traces] == [
+        ("sampled", "rollout/response_len/mean", (12.0, 14.0)),
+        ("held-out", "eval/response_len/mean", (9.0,)),
+    ]
+    assert length.notes == []
+    assert [line.get("staleness/stale_tokens") for line in run.lines["train"]] == [3, 0]
+    assert run.lines["eval"][0]["eval/add/response_len/mean"] == 8.0
+    assert "rollout/response_tokens_mean" not in run.keys("train")
+
+
+def test_a_figure_written_under_both_names_keeps_the_new_one(tmp_path):
+    both = [train_line(1, {"staleness/stale_tokens_masked": 3, "staleness/stale_tokens": 5})]
+    (run,) = read_runs([write_run(tmp_path / "both", both)])
+    assert run.lines["train"][0]["staleness/stale_tokens"] == 5

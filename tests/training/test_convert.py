@@ -501,7 +501,7 @@ def test_staleness_baked_before_conversion_reaches_the_shift() -> None:
     # supervised response tokens left: a -> 0, 0; b -> 0, 0, 0
     assert (info["data/staleness/mean"], info["data/staleness/max"]) == (0.0, 0.0)
     assert info["data/response_len/min"] == 2.0 and info["data/supervised_tokens"] == 5.0
-    assert "data/staleness/stale_tokens" not in info  # production reports what it cleared
+    assert "staleness/stale_tokens" not in info  # production reports what it cleared
 
 
 def test_staleness_figures_without_limits() -> None:
