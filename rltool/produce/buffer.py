@@ -63,7 +63,8 @@ class BufferConfig:
 
 @dataclass(slots=True)
 class BufferCounters:
-    """Cumulative group counts (stale_tokens: labels cleared), for metrics and checkpoints."""
+    """Cumulative group counts (stale_tokens: labels cleared; expired_samples: samples of the
+    groups that expired, on put or on take), for metrics and checkpoints."""
 
     put: int = 0
     taken: int = 0
@@ -72,6 +73,7 @@ class BufferCounters:
     failed: int = 0
     filtered: int = 0
     stale_tokens: int = 0
+    expired_samples: int = 0
 
 
 def reset_to_prompt(state: RolloutState) -> RolloutState:
@@ -252,6 +254,7 @@ class ReplayBuffer:
         return expired
 
     def _expire(self, group: Group) -> Fate:
+        self.counters.expired_samples += len(group)
         if self.cfg.expired == "drop":
             self.counters.dropped += 1
             return self._note(group, Fate.DROPPED)

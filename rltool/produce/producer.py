@@ -50,8 +50,8 @@ class _Tally:
     generated: list[Group] = field(default_factory=list)
     gen_times: list[float] = field(default_factory=list)
     loop_metrics: dict[str, float] = field(default_factory=dict)  # summed over outcomes
-    expired_groups: int = 0
-    expired_samples: int = 0
+    expired_groups: int = 0  # too stale on arrival or when served: retried or dropped
+    expired_samples: int = 0  # their samples
     failed: list[Group] = field(default_factory=list)  # groups filed FAILED (samples: why)
     filtered_groups: int = 0
     errors: list[GroupError] = field(default_factory=list)  # every error outcome
@@ -193,7 +193,12 @@ class Producer:
         while len(batch) < self.target:
             short = self.target - len(batch)
             self._receive(train_step, tally, want=short)
+            counters = self.buffer.counters
+            groups_before = counters.retried + counters.dropped
+            samples_before = counters.expired_samples
             served = self.buffer.take(short, train_step)
+            tally.expired_groups += counters.retried + counters.dropped - groups_before
+            tally.expired_samples += counters.expired_samples - samples_before
             self._regenerate_waiting(tally)  # groups that expired on the way out
             kept, filtered = apply_group_filter(served, self.filter)
             self._settle(filtered, Fate.FILTERED)

@@ -213,9 +213,10 @@ class ProduceBatchResult:
     """One produce call: the groups to train and the figures around them.
 
     ``leftover_*`` count GROUPS that were produced or held but are not in
-    ``groups``, by status: init = taken from the dataset, not generated yet;
-    completed / aborted / expired = waiting in the buffer (expired: reset for
-    regeneration; with ``expired: drop`` the groups dropped this call);
+    ``groups``, by status: init = in flight (submitted, not back yet);
+    completed / aborted = waiting in the buffer; expired = groups that expired this
+    call, too stale on arrival or when served (with ``expired: retry`` reset and sent
+    back for regeneration, so they are also in flight; with ``drop``, dropped);
     failed / filtered = produced this call and never trained.
     ``failed_groups`` holds the FAILED groups themselves (their samples keep ``error``),
     so a dump of the step can show why they never trained.

@@ -58,12 +58,14 @@ def test_thresholds_through_the_buffer() -> None:
     assert fresh[0].labels.tolist() == [X, X, X, X, X, 33]
     assert buf.sizes() == {"completed": 0, "aborted": 0, "expired": 1}
     assert buf.counters.retried == 1 and buf.counters.taken == 1
+    assert buf.counters.expired_samples == 2  # the whole group of 2, expired on take
 
 
 def test_expired_at_put() -> None:
     buf = ReplayBuffer(BufferConfig(staleness=StalenessLimits(max_staleness=1, sync_interval=2)))
     assert buf.put(group("g", steps=[0, 0, 0, 0]), 5) == Fate.RETRY  # oldest 4 >= 4
     assert buf.sizes()["expired"] == 1
+    assert buf.counters.expired_samples == 2
 
 
 def test_no_supervised_token_left_expires() -> None:

@@ -271,7 +271,24 @@ def test_expired_groups_are_regenerated_under_the_same_ids_or_dropped(policy):
         assert counts[Fate.DROPPED] > 0 and p.accounting.retries == 0
         assert "s2-g4-p4" not in gids(batches[1])
     m = p.produce(4).metrics()
-    assert m["staleness/expired_samples"] >= 0 and m["produce/samples/drawn"] == p.accounting.taken
+    assert m["produce/samples/drawn"] == p.accounting.taken
+
+
+def test_expired_samples_count_expiry_on_arrival_and_when_served():
+    """staleness/expired_samples and leftover/expired count every group that expired in the
+    call, whether the buffer found it too stale on put or when it served it (take)."""
+    # three steps ahead with max_staleness 1: groups buffered fresh for step 3 are too old when
+    # step 3 takes them (worked out by running the fake backend: 16 samples expire on take)
+    backend = FakeBackend()
+    p = make(backend, "async", max_inflight_steps=3, max_staleness=1, expired="drop")
+    total_samples = total_groups = 0
+    for step in range(1, 5):
+        m = p.produce(step).metrics()
+        total_samples += m["staleness/expired_samples"]
+        total_groups += m["produce/leftover/expired"]
+        p.update_weights(_Model(), step)
+    assert total_samples == p.buffer.counters.expired_samples == 16
+    assert total_groups == p.buffer.counters.dropped
 
 
 def test_accounting_holds_with_filter_errors_and_expiry_in_play():
