@@ -39,8 +39,9 @@ def eval_command(
         OutputFormat, typer.Option("--format", help="rich: a table; json: one object.")
     ] = OutputFormat.RICH,
 ) -> None:
-    """Evaluate a checkpoint on the recipe's eval data: pass@1 and unbiased pass@k, mean
-    response length, truncation and failures, per task. n = 1 samples with
+    """Evaluate a checkpoint on the recipe's eval data: pass@1 and pass@k, per task.
+
+    Unbiased pass@k, mean response length, truncation and failures. n = 1 samples with
     rollout.eval_sampling (greedy by default), n > 1 with rollout.sampling. A run directory
     evaluates its newest complete checkpoint, a recipe its model.path. Exit 2: bad
     arguments, recipe or eval data; 3: no complete checkpoint; 1: the evaluation failed."""

@@ -22,9 +22,10 @@ def export_command(
         typer.Option("--checkpoint", help="A checkpoint directory (default: the run's newest)."),
     ] = None,
 ) -> None:
-    """Write a run's checkpoint as a Hugging Face model directory that model.path loads;
-    a LoRA run's adapters are merged into its base model. Exit 2: bad arguments or run;
-    3: no complete checkpoint."""
+    """Write a run's checkpoint as a Hugging Face model directory.
+
+    model.path loads the directory; a LoRA run's adapters are merged into its base model.
+    Exit 2: bad arguments or run; 3: no complete checkpoint."""
     from rltool.app.checkpoint import NoCheckpointError
     from rltool.app.export import export_model
 

@@ -28,12 +28,14 @@ def report_command(
         ),
     ] = None,
 ) -> None:
-    """Write a self-contained HTML report of runs (opens offline): sampled reward,
-    held-out accuracy, KL, entropy, clip fraction, response length, truncation, staleness,
-    failures and the time split per step, each run in its colour; a summary table and
-    each run's resolved recipe. A metric a run did not record is left out with a note.
-    Needs the report extra (pip install 'rltool[report]'). Exit 2: a directory without
-    metrics.jsonl, a bad metrics line, or plotly missing."""
+    """Write a self-contained HTML report of runs (opens offline).
+
+    Charts: sampled reward, held-out accuracy, KL, entropy, clip fraction, response length,
+    truncation, staleness, failures and the time split per step, each run in its colour; a
+    summary table and each run's resolved recipe. A metric a run did not record is left out
+    with a note. Needs the report extra (pip install 'rltool\\[report]'). Exit 2: a directory
+    without metrics.jsonl, a bad metrics line, or plotly missing."""
+    # Typer renders help as rich markup: the escaped bracket keeps [report] from being a style
     from rltool.report.html_report import write_report
 
     out = output or (run_dirs[0] / REPORT_FILE if len(run_dirs) == 1 else Path(REPORT_FILE))

@@ -32,10 +32,11 @@ def train(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary."),
 ) -> None:
-    """Train a policy with RL as the recipe says. Exit 130 / 143 after a clean stop on
-    Ctrl-C / SIGTERM (the checkpoint is saved); exit 3 when the run trained on no sample
-    at all, or stopped because every sample failed trainer.max_failed_steps steps in a row
-    (the failure reasons are printed)."""
+    """Train a policy with RL as the recipe says.
+
+    Exit 130 / 143 after a clean stop on Ctrl-C / SIGTERM (the checkpoint is saved); exit 3
+    when the run trained on no sample at all, or stopped because every sample failed
+    trainer.max_failed_steps steps in a row (the failure reasons are printed)."""
     from rltool.config.loader import load_recipe, recipe_to_yaml, resume_recipe
 
     overrides = list(overrides or [])

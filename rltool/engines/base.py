@@ -1,8 +1,8 @@
 """The rollout-engine interface: token ids in, token ids and logprobs out, weights in.
 
-Every engine (in-process Hugging Face now; vLLM or an OpenAI-compatible server
-later) implements ``RolloutEngine``; the producer, the agent loops and the
-batchers call nothing else on it. Engines are built by name through
+Every engine (in-process Hugging Face ``hf.py``, vLLM ``vllm.py``, OpenAI-compatible
+servers ``openai_server.py``) implements ``RolloutEngine``; the producer, the agent
+loops and the batchers call nothing else on it. Engines are built by name through
 ``rltool.engines.registry``. Shape legend: R = generated tokens of one sequence.
 """
 
