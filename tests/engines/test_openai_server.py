@@ -11,9 +11,9 @@ import torch
 from completions_fixture import FixtureCompletionsServer
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
 from rltool.config.checks import check_values
 from rltool.config.schema import ModelConfig, RecipeConfig, RolloutConfig, SamplingConfig
-from rltool.demo.model import demo_model_config
 from rltool.engines.hf import HFEngine
 from rltool.engines.openai_pool import ServerPool, ServersDown
 from rltool.engines.openai_server import OpenAIServerEngine

@@ -22,12 +22,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rltool.agent_loops.base import LoopContext
 from rltool.agent_loops.localhost import LocalhostLoop
+from rltool.app.demo_model import ensure_demo_checkpoint
+from rltool.builtin import resolve_builtin_data
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
-from rltool.demo.model import ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
 from rltool.engines.registry import build_engine
 from rltool.engines.vllm import VLLMEngine
-from rltool.models import resolve_builtin_data
 from rltool.rollout.contract import check_group, errors
 from rltool.rollout.state import IGNORE_INDEX, Status
 from rltool.training.logprobs import token_logprobs
