@@ -88,10 +88,7 @@ def engine_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
-    """(name, layer) of every peft LoRA layer in ``model``, a plain transformers model (none
-    when peft was never imported: no model of this process has adapters)."""
-    if "peft" not in sys.modules:
-        return
+    """(name, layer) of every peft LoRA layer in ``model``, a plain transformers model."""
     from peft.tuners.lora import LoraLayer
 
     for name, module in model.named_modules():
@@ -107,11 +104,11 @@ def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     scale * B @ A of the active adapters) under the base model's parameter names. The
     trainer's model is not changed."""
     base = engine_model(model)
-    layers = list(_lora_layers(base))
-    if not layers:
-        return base.state_dict()
+    state = base.state_dict()
+    if "peft" not in sys.modules or not any(".lora_" in key for key in state):
+        return state  # no adapters: the weights as they are
     deltas: dict[str, torch.Tensor] = {}
-    for name, layer in layers:
+    for name, layer in _lora_layers(base):
         if layer.disable_adapters or layer.merged:  # adapters off, or already in the weight
             continue
         for adapter in layer.active_adapters:
@@ -119,7 +116,7 @@ def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             key = f"{name}.weight"
             deltas[key] = deltas[key] + delta if key in deltas else delta
     out: dict[str, torch.Tensor] = {}
-    for key, value in base.state_dict().items():
+    for key, value in state.items():
         if ".lora_" in key:  # lora_A, lora_B, lora_dropout, lora_embedding_*
             continue
         base_key = key.replace(".base_layer.", ".")
