@@ -39,13 +39,13 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rltool.app.demo_model import ensure_demo_checkpoint
+from rltool.builtin import resolve_builtin_data
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
-from rltool.demo.model import ensure_demo_checkpoint
 from rltool.engines.base import RolloutEngine
 from rltool.engines.hf import HFEngine
 from rltool.engines.openai_server import vllm_serve_args
 from rltool.engines.registry import build_engine
-from rltool.models import resolve_builtin_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = "demo"

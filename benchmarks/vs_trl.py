@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from rltool.agent_loops.gsm8k import ground_truth_of
+from rltool.app.demo_model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.app.run import build_run, evaluate, generate_step
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
-from rltool.demo.model import OPTIMIZER_FILE, ensure_demo_checkpoint
 from rltool.engines.hf import HFEngine
 from rltool.produce.result import rollout_metrics
 from rltool.produce.sampler import PromptSampler
@@ -240,8 +240,8 @@ def run_trl(model_dir: Path, seed: int, budget_s: float, max_steps: int, out_dir
 
 
 def _tasks(recipe: RecipeConfig) -> tuple[list[dict], list[dict]]:
+    from rltool.builtin import resolve_builtin_data
     from rltool.data import load_examples
-    from rltool.models import resolve_builtin_data
 
     train = load_examples([resolve_builtin_data(f) for f in recipe.data.train_files])
     test = load_examples([resolve_builtin_data(f) for f in recipe.data.eval_files])

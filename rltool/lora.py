@@ -2,7 +2,8 @@
 
 The trainer's model becomes a ``PeftModel`` whose base weights are frozen. What the rollout
 side sees: the in-process engine that shares the model object runs base + adapters as they
-are; every ``load_weights`` path receives :func:`rollout_state_dict`, the merged weights
+are; every engine that holds its own copy (``load_weights``, and the ``sync_weights`` of
+vLLM and the server engine) receives :func:`rollout_state_dict`, the merged weights
 ``W + scale * B @ A`` under the base model's own names (the trainer's model is not
 changed). The KL reference is the same model with its adapters switched off
 (:class:`AdapterFreeReference`): no second copy. Design: docs/lora.md
@@ -87,22 +88,27 @@ def engine_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+    """(name, layer) of every peft LoRA layer in ``model``, a plain transformers model."""
     from peft.tuners.lora import LoraLayer
 
-    for name, module in model.get_base_model().named_modules():
+    for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
             yield name, module
 
 
 @torch.no_grad()
 def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights a rollout engine loads: ``model.state_dict()``, or for a peft model the
-    merged weights (base + scale * B @ A of the active adapters) under the base model's
-    parameter names. The trainer's model is not changed."""
-    if not is_lora(model):
-        return model.state_dict()
+    """The weights every engine that holds its own copy loads (the one place that knows
+    about LoRA): ``model.state_dict()``, or, for a peft model or the base model a shared
+    engine holds (``engine_model``: peft's layers inside), the merged weights (base +
+    scale * B @ A of the active adapters) under the base model's parameter names. The
+    trainer's model is not changed."""
+    base = engine_model(model)
+    state = base.state_dict()
+    if "peft" not in sys.modules or not any(".lora_" in key for key in state):
+        return state  # no adapters: the weights as they are
     deltas: dict[str, torch.Tensor] = {}
-    for name, layer in _lora_layers(model):
+    for name, layer in _lora_layers(base):
         if layer.disable_adapters or layer.merged:  # adapters off, or already in the weight
             continue
         for adapter in layer.active_adapters:
@@ -110,7 +116,7 @@ def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             key = f"{name}.weight"
             deltas[key] = deltas[key] + delta if key in deltas else delta
     out: dict[str, torch.Tensor] = {}
-    for key, value in model.get_base_model().state_dict().items():
+    for key, value in state.items():
         if ".lora_" in key:  # lora_A, lora_B, lora_dropout, lora_embedding_*
             continue
         base_key = key.replace(".base_layer.", ".")

@@ -1,7 +1,7 @@
 """Loading the policy model and tokenizer from a recipe's ``model`` section.
 
-``model.path`` is a local checkpoint directory, ``builtin:<name>`` (built into the cache
-by ``rltool.demo.model`` and loaded like a user's directory), or a Hugging Face hub id
+``model.path`` is a local checkpoint directory, ``builtin:<name>`` (a demo checkpoint in the
+cache, ``rltool.builtin``, loaded like a user's directory), or a Hugging Face hub id
 resolved offline-first through the hub cache. Design: docs/app.md#model-paths Loading itself always
 reads that directory (``local_files_only=True``).
 """
@@ -20,10 +20,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rltool.builtin import builtin_model_dir, is_builtin
 from rltool.config.schema import ModelConfig
-from rltool.demo.cache import BUILTIN_DIRS, demo_cache_dir
 
-BUILTIN_PREFIX = "builtin:"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as every peer writes it
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,28 +49,12 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def check_builtin_model(path: str) -> str:
-    """The name of a ``builtin:<name>`` model path, or a ValueError listing the known ones."""
-    name = path.removeprefix(BUILTIN_PREFIX)
-    if name not in BUILTIN_DIRS:
-        known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DIRS)
-        raise ValueError(f"model.path: unknown builtin model {path!r}; known: {known}")
-    return name
-
-
 def resolve_model_path(path: str, key: str = "model.path") -> Path:
     """The checkpoint directory for ``model.path`` (``key`` names it in errors): a builtin
-    demo (built by ``rltool.demo.model.ensure_demo_checkpoint``; ``rltool train`` does it on
-    first use), an existing local directory, or else a hub id found in the hub cache."""
-    if path.startswith(BUILTIN_PREFIX):
-        name = check_builtin_model(path)
-        built = demo_cache_dir(name)
-        if not (built / "config.json").is_file():
-            raise ValueError(
-                f"{key}: {path} is not built yet (no checkpoint in {built}); `rltool train` "
-                "builds it on first use, or run `python -m rltool.demo.model`"
-            )
-        return built
+    demo (built by ``rltool.app.demo_model.ensure_demo_checkpoint``; ``rltool train`` does it
+    on first use), an existing local directory, or else a hub id found in the hub cache."""
+    if is_builtin(path):
+        return builtin_model_dir(path, key)
     local = Path(path).expanduser()
     if not local.is_dir() and looks_like_hub_id(path):
         local = resolve_hub_model(path, key)
@@ -168,20 +151,3 @@ def load_model_and_tokenizer(
     model.to(device)
     model.train()
     return model, tokenizer, device
-
-
-def resolve_builtin_data(path: str) -> Path:
-    """``builtin:gsm8k_tiny/train.jsonl`` -> the shipped file; any other path unchanged."""
-    if not path.startswith(BUILTIN_PREFIX):
-        return Path(path)
-    from rltool.demo.data import DATA_DIR
-
-    rel = path.removeprefix(BUILTIN_PREFIX)
-    resolved = (DATA_DIR / rel).resolve()
-    if not resolved.is_relative_to(DATA_DIR.resolve()) or not resolved.is_file():
-        known = ", ".join(
-            BUILTIN_PREFIX + p.relative_to(DATA_DIR).as_posix()
-            for p in sorted(DATA_DIR.rglob("*.jsonl"))
-        )
-        raise ValueError(f"unknown builtin data file {path!r}; known: {known}")
-    return resolved

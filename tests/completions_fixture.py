@@ -33,6 +33,7 @@ class FixtureCompletionsServer:
         self.served_model = served_model
         self.requests: list[dict[str, Any]] = []  # completions bodies received
         self.rpcs: list[dict[str, Any]] = []
+        self.weights: list[dict[str, torch.Tensor]] = []  # every weights file loaded, as read
         self.resets = 0
         self.fail_next = 0  # answer this many completions with HTTP 500
         self.on_completion: Callable[[], None] | None = None  # called before each answer
@@ -76,6 +77,7 @@ class FixtureCompletionsServer:
             if body.get("method") != "rltool_load_weights":
                 return 400, {"error": f"no method {body.get('method')!r}"}
             state = load_file(body["args"][0])
+            self.weights.append(state)
             with _GENERATE:
                 self.engine.load_weights(state, int(body["args"][1]))
             return 200, {"results": [None]}

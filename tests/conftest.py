@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from rltool.demo.model import demo_model_config
+from rltool.app.demo_model import demo_model_config
 from rltool.demo.tokenizer import train_demo_tokenizer
 
 

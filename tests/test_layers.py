@@ -4,19 +4,23 @@ of every module, read from its source, checked against the layer table below."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).parents[1] / "rltool"
 
-# module prefix -> layer; the longest matching prefix wins. A module may import its own
-# layer and the layers below it, never above.
+# package or module -> layer, with no exceptions inside a package (no entry lies inside
+# another). A module may import its own layer and the layers below it, never above.
 LAYERS: dict[str, int] = {
     "rltool.config": 0,
     "rltool.registry": 0,
     "rltool.packing": 0,
     "rltool.metric_names": 0,  # metric names read beyond their producer
+    "rltool.builtin": 0,  # builtin: paths (names and directories, nothing imported)
     "rltool.rollout": 1,
     "rltool.engines": 2,
     "rltool.rewards": 2,
@@ -24,7 +28,7 @@ LAYERS: dict[str, int] = {
     "rltool.lora": 2,  # LoRA adapters on a model (peft)
     "rltool.moe": 2,
     "rltool.data": 2,
-    "rltool.demo": 2,  # data, tokenizer and cache paths of the demo
+    "rltool.demo": 2,  # the demo's data and tokenizer (its model's builder is app.demo_model)
     "rltool.agent_loops": 3,
     "rltool.sessions": 3,
     "rltool.sandbox": 3,
@@ -32,19 +36,18 @@ LAYERS: dict[str, int] = {
     "rltool.agents": 3,
     "rltool.produce": 4,
     "rltool.training": 4,
-    "rltool.demo.model": 5,  # builds the demo checkpoint: trains, so above training
-    "rltool.app": 6,
-    "rltool.cli": 7,
-    "rltool.report": 7,
+    "rltool.app": 5,
+    "rltool.cli": 6,
+    "rltool.report": 6,
 }
 # same layer, but neither may import the other
 SIBLINGS = [("rltool.produce", "rltool.training")]
 
 
 def _layer(module: str) -> int:
-    prefixes = [p for p in LAYERS if module == p or module.startswith(p + ".")]
-    assert prefixes, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
-    return LAYERS[max(prefixes, key=len)]
+    (entry,) = [p for p in LAYERS if module == p or module.startswith(p + ".")] or [None]
+    assert entry, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
+    return LAYERS[entry]
 
 
 def _module_name(path: Path) -> str:
@@ -96,9 +99,26 @@ def test_layers_import_only_downward() -> None:
     assert _violations() == []
 
 
+def test_no_module_is_an_exception_to_its_package():
+    nested = [(a, b) for a in LAYERS for b in LAYERS if b.startswith(a + ".")]
+    assert nested == []
+
+
 @pytest.mark.parametrize(
     ("module", "layer"),
-    [("rltool.demo.model", 5), ("rltool.demo.data", 2), ("rltool.app.run", 6)],
+    [("rltool.app.demo_model", 5), ("rltool.demo.data", 2), ("rltool.builtin", 0)],
 )
-def test_longest_prefix_decides(module: str, layer: int) -> None:
+def test_a_module_takes_its_packages_layer(module: str, layer: int) -> None:
     assert _layer(module) == layer
+
+
+def test_importing_models_does_not_import_the_demo():
+    """``builtin:`` model paths resolve through rltool.builtin: loading a model needs none
+    of the demo's data, tokenizer or builder."""
+    code = "import sys, rltool.models; print(sorted(m for m in sys.modules if 'demo' in m))"
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

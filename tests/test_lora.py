@@ -85,6 +85,10 @@ def test_rollout_state_dict_is_merged_under_the_base_names_and_leaves_the_policy
     after = policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing merged in place
     assert set(after) == set(before)
+    # the base model a shared engine holds (peft's layers inside) gives the same weights
+    from_base = rollout_state_dict(engine_model(policy))
+    assert set(from_base) == set(weights)
+    assert all(torch.equal(from_base[k], weights[k]) for k in weights)
 
 
 def test_merged_copy_and_engine_model():

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rltool.app.checkpoint import NoCheckpointError, open_checkpoint, verify_checkpoint
+from rltool.app.demo_model import ensure_builtin_models
 from rltool.config.loader import resume_recipe
-from rltool.demo.model import ensure_builtin_models
 from rltool.lora import apply_lora, is_lora, load_checkpoint_weights
 from rltool.models import load_model_and_tokenizer
 

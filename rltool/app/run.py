@@ -24,6 +24,7 @@ from rltool.app.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from rltool.app.demo_model import ensure_builtin_models
 from rltool.app.sharded_checkpoint import (
     SHARDED,
     load_full_moments,
@@ -33,7 +34,6 @@ from rltool.app.sharded_checkpoint import (
 from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
-from rltool.demo.model import ensure_builtin_models
 from rltool.engines.registry import check_engine_name
 from rltool.lora import AdapterFreeReference, apply_lora, require_peft
 from rltool.models import load_model_and_tokenizer, resolve_model_path

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rltool.builtin import resolve_builtin_data
 from rltool.data.mapping import FieldMap, map_record
 
 REQUIRED_FIELDS = ("question", "answer")
-BUILTIN_PREFIX = "builtin:"
 
 
 def load_examples(
@@ -46,11 +46,7 @@ def load_examples(
 
 
 def _resolve(f: str | Path) -> Path:
-    if isinstance(f, str) and f.startswith(BUILTIN_PREFIX):
-        from rltool.models import resolve_builtin_data  # lazy: pulls in the model stack
-
-        return Path(resolve_builtin_data(f))
-    return Path(f)
+    return resolve_builtin_data(f) if isinstance(f, str) else Path(f)
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, Any]]:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA_DIR = Path(__file__).parent / "data"
+from rltool.builtin import DATA_DIR
+
 GSM8K_TINY_DIR = DATA_DIR / "gsm8k_tiny"
 N_TRAIN = 3000
 N_TEST = 300

@@ -1,9 +1,17 @@
 """The rollout-engine interface: token ids in, token ids and logprobs out, weights in.
 
+<<<<<<< HEAD
 Every engine (in-process Hugging Face ``hf.py``, vLLM ``vllm.py``, OpenAI-compatible
 servers ``openai_server.py``) implements ``RolloutEngine``; the producer, the agent
 loops and the batchers call nothing else on it. Engines are built by name through
 ``rltool.engines.registry``. Shape legend: R = generated tokens of one sequence.
+=======
+Every engine (in-process Hugging Face, vLLM, OpenAI-compatible servers) implements
+``RolloutEngine``; the producer, the agent loops and the batchers call nothing else on
+it. Engines are built by name through ``rltool.engines.registry``; the ones that hold
+their own copy of the weights share ``rltool.engines.chunked``. Shape legend: R =
+generated tokens of one sequence.
+>>>>>>> t19d
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +37,17 @@ class Generation:
     # [P + R, L, k] MoE experts per position of prompt + token_ids (rows of -1: never fed to
     # the model, as the last token); None for a dense model or an engine that cannot record
     routed_experts: np.ndarray | None = None
+
+
+def eos_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """The ids every engine stops at: the tokenizer's EOS plus any extra EOS ids of the
+    model's generation config (``model`` None: the tokenizer's alone)."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    cfg_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += cfg_eos if isinstance(cfg_eos, list) else [] if cfg_eos is None else [cfg_eos]
+    if not ids:
+        raise ValueError("the tokenizer and the model's generation config define no EOS token")
+    return sorted(set(ids))
 
 
 class RolloutEngine(ABC):

@@ -19,10 +19,10 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
 
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
-from rltool.engines.base import Generation, RolloutEngine
+from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.hf_prefill import SharedPrefill, left_pad
 from rltool.engines.hf_routing import rows_routing
-from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights, eos_ids
+from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights
 from rltool.engines.registry import ENGINES
 from rltool.moe import find_routers, recording
 
@@ -116,7 +116,7 @@ class HFEngine(RolloutEngine):
         self.batch_size = batch_size
         self.chunk_tokens = chunk_tokens
         self._model_step = model_step
-        self.eos_ids = eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_ids[0] if pad is None else pad
         # None: every row prefills its own context, repeats included (the reference path)

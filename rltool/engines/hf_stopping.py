@@ -10,18 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
-
-
-def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's EOS plus any extra EOS ids of the model's generation config."""
-    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    cfg_eos = model.generation_config.eos_token_id if model.generation_config else None
-    ids += cfg_eos if isinstance(cfg_eos, list) else [] if cfg_eos is None else [cfg_eos]
-    if not ids:
-        raise ValueError("the tokenizer and the model's generation config define no EOS token")
-    return sorted(set(ids))
 
 
 class FinishRecorder(StoppingCriteria):

@@ -15,32 +15,19 @@ import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
-from rltool.engines.base import Generation, RolloutEngine
+from rltool.engines.chunked import ChunkedEngine, Completion, Request
 from rltool.engines.openai_pool import ServerPool
 from rltool.engines.registry import ENGINES
-from rltool.engines.vllm import eos_ids, first_stop
 from rltool.engines.vllm_worker import EXTENSION
-from rltool.engines.weight_handoff import PendingWeights, write_weights_file
+from rltool.engines.weight_handoff import write_weights_file
 
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
-
-
-@dataclass(slots=True)
-class _Row:
-    """What one output row generated so far (R entries each)."""
-
-    prompt: tuple[int, ...]
-    tokens: list[int]
-    logprobs: list[float]
-    steps: list[int]
-    finished: bool = False
 
 
 def completion_body(
@@ -95,7 +82,7 @@ def parse_choice(choice: Mapping[str, Any], url_hint: str) -> tuple[list[int], l
     return [int(t) for t in ids], [float(x) for x in lp], reason == "stop"
 
 
-class OpenAIServerEngine(RolloutEngine):
+class OpenAIServerEngine(ChunkedEngine):
     """Generates through a ``ServerPool``; its weights live in the servers."""
 
     def __init__(
@@ -109,48 +96,23 @@ class OpenAIServerEngine(RolloutEngine):
         chunk_tokens: int | None = None,
         model: torch.nn.Module | None = None,
         model_step: int = 0,
-        eos: Sequence[int] = (),
     ):
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
-        self.pool, self.tokenizer, self.served_model = pool, tokenizer, served_model
+        super().__init__(tokenizer, model, chunk_tokens, model_step)
+        self.pool, self.served_model = pool, served_model
         self.weights_dir, self.update_method = weights_dir, update_method
-        self.chunk_tokens, self.eos = chunk_tokens, list(eos)
-        self._model = model  # the trainer's model in a synchronous in-process run
-        self._weights = PendingWeights(self._apply, "OpenAIServerEngine", model_step)
         self._written: list[Path] = []
         self._tag = uuid.uuid4().hex[:8]  # this engine's files (Ray: one engine per worker)
         if logprobs_method:  # every server reports the trainer's logprobs from now on
             self.pool.post_each("/collective_rpc", {"method": logprobs_method}, root=True)
 
-    @property
-    def model_step(self) -> int:
-        return self._weights.step
-
-    @property
-    def weights_waiting(self) -> bool:
-        return self._weights.waiting
-
     def pop_metrics(self) -> dict[str, float]:
         retried, dropped = self.pool.pop_counts()
         return {"rollout/server_retries": float(retried), "rollout/servers_dropped": float(dropped)}
 
-    def sync_weights(self, model_step: int) -> None:
-        """The trainer's model object is not the servers': its weights are sent over."""
-        if self._model is None:
-            raise ValueError("openai_server: sync_weights needs the trainer's model")
-        self.load_weights(self._model.state_dict(), model_step)
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
-        """Write the weights to ``weights_dir`` now; the servers load them now, or, during a
-        ``generate``, at its next pause point (every ``chunk_tokens``) or when it ends."""
-        self._weights.check(model_step)
-        self._weights.offer(self._write(state_dict, model_step), model_step)
-
     def shutdown(self) -> None:
         self.pool.close()
 
-    def _write(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
         if not self.weights_dir:
             raise ValueError(
                 "rollout.server.weights_dir is empty: openai_server writes the trainer's "
@@ -162,7 +124,7 @@ class OpenAIServerEngine(RolloutEngine):
         path = folder / f"rltool-step{model_step:08d}-{self._tag}.safetensors"
         return write_weights_file(state_dict, path).resolve()
 
-    def _apply(self, path: Path, model_step: int) -> None:
+    def _load_file(self, path: Path, model_step: int) -> None:
         """Every server loads ``path`` (its worker extension's method), then drops its
         prefix cache (it holds keys and values of the old weights)."""
         body = {"method": self.update_method, "args": [str(path), str(model_step)]}
@@ -179,71 +141,19 @@ class OpenAIServerEngine(RolloutEngine):
             if p != path:
                 p.unlink(missing_ok=True)
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
-    ) -> list[Generation]:
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
-        rows = [_Row(tuple(int(t) for t in p), [], [], []) for p in prompts]
-        with self._weights.generating():
-            while self._round(rows, sampling):
-                pass
-        return [
-            Generation(
-                token_ids=r.tokens,
-                logprobs=r.logprobs,
-                model_steps=r.steps,
-                finish_reason="stop" if r.finished else "length",
-                text=self.tokenizer.decode(r.tokens, skip_special_tokens=True),
-            )
-            for r in rows
+    def _complete(
+        self, requests: Sequence[Request], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """One completions request each, spread over the servers."""
+        bodies = [
+            completion_body(self.served_model, r.context, r.n, r.max_tokens, sampling, self.eos)
+            for r in requests
         ]
-
-    def _round(self, rows: list[_Row], sampling: SamplingConfig) -> bool:
-        """One request per distinct context of the unfinished rows (``n`` = its rows), at
-        most ``chunk_tokens`` new tokens each; False when every row is done."""
-        budget = sampling.max_new_tokens
-        active = [r for r in rows if not r.finished and len(r.tokens) < budget]
-        if not active:
-            return False
-        self._weights.apply_waiting()
-        step = self._weights.step
-        by_context: dict[tuple[int, ...], list[_Row]] = {}
-        for r in active:
-            by_context.setdefault(r.prompt + tuple(r.tokens), []).append(r)
-        bodies = []
-        for context, members in by_context.items():
-            left = budget - len(members[0].tokens)
-            chunk = left if self.chunk_tokens is None else min(left, self.chunk_tokens)
-            bodies.append(
-                completion_body(self.served_model, context, len(members), chunk, sampling, self.eos)
-            )
-        answers = self.pool.post_spread("/completions", bodies)
-        for members, answer in zip(by_context.values(), answers, strict=True):
+        out = []
+        for answer in self.pool.post_spread("/completions", bodies):
             choices = sorted(answer.get("choices", []), key=lambda c: c.get("index", 0))
-            if len(choices) != len(members):
-                raise RuntimeError(
-                    f"openai_server: asked for {len(members)} samples, got {len(choices)}"
-                )
-            for r, choice in zip(members, choices, strict=True):
-                ids, lps, finished = parse_choice(choice, "the server")
-                r.tokens += ids
-                r.logprobs += lps
-                r.steps += [step] * len(ids)
-                r.finished = finished or self._cut_at_stop(r, sampling.stop, len(ids))
-        return True
-
-    def _cut_at_stop(self, row: _Row, stop: Sequence[str], new: int) -> bool:
-        """A stop string that spans a pause point (the server saw only its second part):
-        cut the row after the token that completes it. True if one did."""
-        if not stop or self.chunk_tokens is None or len(row.tokens) == new:
-            return False
-        k = first_stop(self.tokenizer, row.tokens, stop, len(row.tokens) - new)
-        if k is None:
-            return False
-        del row.tokens[k:], row.logprobs[k:], row.steps[k:]
-        return True
+            out.append([Completion(*parse_choice(c, "the server")) for c in choices])
+        return out
 
 
 def vllm_serve_args(
@@ -289,5 +199,4 @@ def build_openai_server_engine(
         logprobs_method=opts.logprobs_method,
         chunk_tokens=rollout.chunk_tokens,
         model=model,
-        eos=eos_ids(tokenizer, model),
     )

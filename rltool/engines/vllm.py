@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig, VLLMConfig
-from rltool.engines.base import Generation, RolloutEngine
+from rltool.engines.chunked import ChunkedEngine, Completion, Request
 from rltool.engines.registry import ENGINES
 from rltool.engines.vllm_worker import EXTENSION
-from rltool.engines.weight_handoff import PendingWeights, write_weights_file
+from rltool.engines.weight_handoff import write_weights_file
 from rltool.models import resolve_model_path
 
 VLLM_MISSING = (
@@ -81,26 +81,7 @@ def sampling_params(vllm: Any, s: SamplingConfig, n: int, max_tokens: int, eos: 
     )
 
 
-def eos_ids(tokenizer: Any, model: Any) -> list[int]:
-    """The tokenizer's EOS plus the model's generation-config EOS ids (as ``HFEngine``)."""
-    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    cfg_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += cfg_eos if isinstance(cfg_eos, list) else [] if cfg_eos is None else [cfg_eos]
-    return sorted(set(ids))
-
-
-def first_stop(tokenizer: Any, tokens: list[int], stops: Sequence[str], start: int) -> int | None:
-    """Length of the shortest prefix of ``tokens`` (longer than ``start``) whose text holds a
-    stop string, or None: a stop string split across two calls (partial rollouts)."""
-    if not stops or not any(s in tokenizer.decode(tokens) for s in stops):
-        return None
-    for n in range(start + 1, len(tokens) + 1):
-        if any(s in tokenizer.decode(tokens[:n]) for s in stops):
-            return n
-    return None
-
-
-class VLLMEngine(RolloutEngine):
+class VLLMEngine(ChunkedEngine):
     """vLLM's ``LLM`` generating from token ids; holds its own copy of the weights.
 
     Weights go in through a safetensors file that ``RltoolWorkerExtension`` reloads in
@@ -117,44 +98,22 @@ class VLLMEngine(RolloutEngine):
         chunk_tokens: int | None = None,
         sleep_mode: bool = False,
     ):
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
+        super().__init__(tokenizer, model, chunk_tokens, model_step)
         self.vllm = import_vllm()
         self.llm = llm
-        self.tokenizer = tokenizer
-        self.model = model  # the trainer's model (sync_weights pushes its weights), or None
-        self.chunk_tokens = chunk_tokens
         self.sleep_mode = sleep_mode
-        self.eos = eos_ids(tokenizer, model)
         self._asleep = False
         self._dir = Path(tempfile.mkdtemp(prefix="rltool-vllm-weights-"))
-        self._weights = PendingWeights(self._load, "VLLMEngine", model_step)
         self._files = itertools.count()
         llm.collective_rpc("rltool_tempered_logprobs")
 
-    @property
-    def model_step(self) -> int:
-        return self._weights.step
-
-    @property
-    def weights_waiting(self) -> bool:
-        return self._weights.waiting
-
-    def sync_weights(self, model_step: int) -> None:
-        """Push the trainer's model (the one this engine was built with) as ``model_step``:
-        vLLM holds its own copy, so a shared-model sync copies too."""
-        if self.model is None:
-            raise ValueError("VLLMEngine.sync_weights needs the trainer's model; use load_weights")
-        self.load_weights(self.model.state_dict(), model_step)
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
-        """Write ``state_dict`` to a file now; vLLM reloads it at once when idle, else at the
-        next pause point or when the running call ends (a later call replaces it)."""
-        self._weights.check(model_step)
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
+        """A file in this engine's temporary folder; a tied LM head goes as the embedding
+        (vLLM ties it again on load)."""
         path = self._dir / f"weights_{next(self._files)}_step_{model_step}.safetensors"
-        self._weights.offer(write_weights_file(state_dict, path, drop_tied=True), model_step)
+        return write_weights_file(state_dict, path, drop_tied=True)
 
-    def _load(self, path: Path, step: int) -> None:
+    def _load_file(self, path: Path, step: int) -> None:
         """Reload ``path`` in every worker, stamp the step, drop the prefix cache (its KV
         blocks were computed with the old weights)."""
         self._wake()
@@ -164,84 +123,35 @@ class VLLMEngine(RolloutEngine):
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
         path.unlink()
 
+    def _start_generate(self) -> None:
+        self._wake()
+
     def _wake(self) -> None:
-        if self._asleep:
+        if self._asleep:  # weights and KV cache back on the device
             self.llm.wake_up()
             self._asleep = False
 
-    def _sleep(self) -> None:
+    def _end_generate(self) -> None:
         if self.sleep_mode:  # the trainer trains next: give it the memory
             self.llm.sleep(level=1)
             self._asleep = True
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
-    ) -> list[Generation]:
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
-        with self._weights.generating(start=self._wake, end=self._sleep):
-            return self._generate(prompts, sampling)
-
-    def _generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
-    ) -> list[Generation]:
-        budget = sampling.max_new_tokens
-        chunk = budget if self.chunk_tokens is None else min(self.chunk_tokens, budget)
-        tokens, logprobs, finished = self._first_call(prompts, sampling, chunk)
-        steps = [[self.model_step] * len(t) for t in tokens]
-        while True:  # partial rollouts: the unfinished rows go on, with new weights if any
-            active = [r for r in range(len(prompts)) if not finished[r] and len(tokens[r]) < budget]
-            if not active:
-                break
-            self._weights.apply_waiting()
-            contexts = [[*prompts[r], *tokens[r]] for r in active]
-            step = min(chunk, budget - len(tokens[active[0]]))
-            params = sampling_params(self.vllm, sampling, 1, step, self.eos)
-            outs = self.llm.generate(_token_prompts(contexts), params, use_tqdm=False)
-            for r, out in zip(active, outs, strict=True):
-                new, lps, stopped = _tokens_and_logprobs(out.outputs[0])
-                done = len(tokens[r])
-                tokens[r] += new
-                logprobs[r] += lps
-                steps[r] += [self.model_step] * len(new)
-                cut = first_stop(self.tokenizer, tokens[r], sampling.stop, done)
-                if cut is not None:
-                    del tokens[r][cut:], logprobs[r][cut:], steps[r][cut:]
-                finished[r] = stopped or cut is not None
-        return [
-            Generation(
-                token_ids=tokens[r],
-                logprobs=logprobs[r],
-                model_steps=steps[r],
-                finish_reason="stop" if finished[r] else "length",
-                text=self.tokenizer.decode(tokens[r], skip_special_tokens=True),
-            )
-            for r in range(len(prompts))
-        ]
-
-    def _first_call(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, chunk: int
-    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """(tokens, logprobs, stopped) per row; each distinct prompt sent once with ``n`` =
-        its repeats (one prefill, shared KV blocks)."""
-        rows_of: dict[tuple[int, ...], list[int]] = {}
-        for r, p in enumerate(prompts):
-            rows_of.setdefault(tuple(p), []).append(r)
-        distinct = list(rows_of)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[float]] = [[] for _ in prompts]
-        stopped = [False] * len(prompts)
-        by_n: dict[int, list[tuple[int, ...]]] = {}  # SamplingParams are per n
-        for p in distinct:
-            by_n.setdefault(len(rows_of[p]), []).append(p)
-        for n, group in by_n.items():
-            params = sampling_params(self.vllm, sampling, n, chunk, self.eos)
-            outs = self.llm.generate(_token_prompts(group), params, use_tqdm=False)
-            for p, out in zip(group, outs, strict=True):
-                for r, completion in zip(rows_of[p], out.outputs, strict=True):
-                    tokens[r], logprobs[r], stopped[r] = _tokens_and_logprobs(completion)
-        return tokens, logprobs, stopped
+    def _complete(
+        self, requests: Sequence[Request], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """One ``LLM.generate`` per (n, max_tokens) (SamplingParams carry both); a group's
+        prompt goes once with ``n`` samples (one prefill, shared KV blocks)."""
+        out: list[list[Completion]] = [[] for _ in requests]
+        batches: dict[tuple[int, int], list[int]] = {}
+        for i, r in enumerate(requests):
+            batches.setdefault((r.n, r.max_tokens), []).append(i)
+        for (n, max_tokens), indices in batches.items():
+            params = sampling_params(self.vllm, sampling, n, max_tokens, self.eos)
+            prompts = [{"prompt_token_ids": list(requests[i].context)} for i in indices]
+            answers = self.llm.generate(prompts, params, use_tqdm=False)
+            for i, answer in zip(indices, answers, strict=True):
+                out[i] = [_completion(c) for c in answer.outputs]
+        return out
 
     def shutdown(self) -> None:
         """Stop vLLM's engine core process and remove the weight files."""
@@ -251,17 +161,13 @@ class VLLMEngine(RolloutEngine):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _token_prompts(prompts: Sequence[Sequence[int]]) -> list[dict[str, list[int]]]:
-    return [{"prompt_token_ids": list(p)} for p in prompts]
-
-
-def _tokens_and_logprobs(completion: Any) -> tuple[list[int], list[float], bool]:
+def _completion(output: Any) -> Completion:
     """The generated token ids [R], each one's logprob [R] and whether it stopped (EOS or
-    a stop string; not the token budget) from a CompletionOutput."""
-    ids = list(completion.token_ids)
-    assert completion.logprobs is not None and len(completion.logprobs) == len(ids)
-    lps = [float(lp[t].logprob) for lp, t in zip(completion.logprobs, ids, strict=True)]
-    return ids, lps, completion.finish_reason == "stop"
+    a stop string; not the token budget) of a vLLM CompletionOutput."""
+    ids = list(output.token_ids)
+    assert output.logprobs is not None and len(output.logprobs) == len(ids)
+    lps = [float(lp[t].logprob) for lp, t in zip(output.logprobs, ids, strict=True)]
+    return Completion(ids, lps, output.finish_reason == "stop")
 
 
 @ENGINES.register("vllm")

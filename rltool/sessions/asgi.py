@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -19,10 +19,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rltool.sessions.protocol import ApiError
 
-if TYPE_CHECKING:
-    from rltool.sessions.server import SessionServer
-
 log = logging.getLogger(__name__)
+
+
+class SessionRoutes(Protocol):
+    """What the routes ask of the session server; an unknown session is an ApiError (404)."""
+
+    def models(self, session_id: str) -> dict[str, Any]:
+        """The ``/v1/models`` answer for an open session."""
+
+    async def chat(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One chat turn of a session: the chat-completions answer."""
 
 
 def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -77,7 +84,7 @@ class BearerKey:
         await self.app(scope, receive, send)
 
 
-def build_app(server: SessionServer, max_body_bytes: int, api_key: str | None) -> ASGIApp:
+def build_app(server: SessionRoutes, max_body_bytes: int, api_key: str | None) -> ASGIApp:
     """The routes of ``server``: health, models and chat completions per session."""
 
     async def health(request: Request) -> Response:
@@ -85,10 +92,9 @@ def build_app(server: SessionServer, max_body_bytes: int, api_key: str | None) -
 
     async def models(request: Request) -> Response:
         try:
-            server._session(request.path_params["sid"])
+            return JSONResponse(server.models(request.path_params["sid"]))
         except ApiError as exc:
             return error_response(exc)
-        return JSONResponse(server.models())
 
     async def chat(request: Request) -> Response:
         try:

@@ -291,6 +291,8 @@ class SessionServer:
             completion_tokens=len(gen.token_ids),
         )
 
-    def models(self) -> dict[str, Any]:
+    def models(self, session_id: str) -> dict[str, Any]:
+        """The served model, for an open session (else a 404)."""
+        self._session(session_id)
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rltool"}
         return {"object": "list", "data": [model]}

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rltool.builtin import builtin_file, is_builtin
 from rltool.config.schema import SamplingConfig
 
 # verl 0.9's MultiTurnConfig defaults, for the keys its loops read
@@ -135,19 +136,14 @@ def loop_class_problems(path: Any, multi_turn: Any) -> list[str]:
     return []
 
 
-BUILTIN_PREFIX = "builtin:"
 BUILTIN_DIR = Path(__file__).parent  # tool configs shipped with rltool
 
 
 def resolve_tool_path(path: str | None) -> str | None:
     """``builtin:NAME`` -> the file NAME shipped in rltool/verl_compat/; other paths unchanged."""
-    if not path or not path.startswith(BUILTIN_PREFIX):
+    if not path or not is_builtin(path):
         return path
-    resolved = BUILTIN_DIR / path.removeprefix(BUILTIN_PREFIX)
-    if not resolved.is_file():
-        known = ", ".join(BUILTIN_PREFIX + p.name for p in sorted(BUILTIN_DIR.glob("*.yaml")))
-        raise ValueError(f"unknown builtin tool config {path!r}; known: {known}")
-    return str(resolved)
+    return str(builtin_file(path, BUILTIN_DIR, "*.yaml", "builtin tool config"))
 
 
 def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[Any]:

@@ -24,8 +24,9 @@ from rltool.agent_loops.localhost import (
     session_tokenizer,
 )
 from rltool.agents.calculator import calculate, check_feedback, judge
+from rltool.app.demo_model import demo_model_config
+from rltool.builtin import demo_cache_dir
 from rltool.config.schema import SamplingConfig
-from rltool.demo.model import demo_cache_dir, demo_model_config
 from rltool.demo.tokenizer import CHAT_TEMPLATE, train_demo_tokenizer
 from rltool.engines.hf import HFEngine
 from rltool.rollout.contract import check_group, check_sample, errors

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rltool.app.run import build_run
+from rltool.builtin import resolve_builtin_data
 from rltool.config.loader import load_recipe
-from rltool.models import resolve_builtin_data
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_lora.yaml"
 PROMPTS, GROUP, STEPS = 8, 8, 16

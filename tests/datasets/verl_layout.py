@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rltool.models import resolve_builtin_data
+from rltool.builtin import resolve_builtin_data
 from rltool.rewards.gsm8k import extract_answer
 
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
+from rltool.builtin import resolve_builtin_data
 from rltool.config.schema import ModelConfig
 from rltool.demo.data import GSM8K_TINY_DIR
-from rltool.demo.model import demo_model_config
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.models import (
     load_model_and_tokenizer,
-    resolve_builtin_data,
     resolve_device,
     resolve_model_path,
 )

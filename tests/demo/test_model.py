@@ -8,21 +8,21 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM, Qwen3MoeForCausalLM
 
-import rltool.demo.model as demo_model
-from rltool.config.schema import ModelConfig
-from rltool.demo.data import Problem
-from rltool.demo.model import (
+import rltool.app.demo_model as demo_model
+from rltool.app.demo_model import (
     BUILD_ARGS,
     BUILD_INFO_FILE,
     OPTIMIZER_FILE,
     SFTSettings,
     build_demo_checkpoint,
-    demo_cache_dir,
     demo_model_config,
     demo_moe_config,
     encode_sft_example,
     ensure_demo_checkpoint,
 )
+from rltool.builtin import demo_cache_dir
+from rltool.config.schema import ModelConfig
+from rltool.demo.data import Problem
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.models import load_model_and_tokenizer
 from rltool.moe import find_routers

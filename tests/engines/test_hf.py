@@ -7,9 +7,9 @@ import torch
 from hf_reference import reference_logprobs
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config, encode_sft_example
 from rltool.config.schema import SamplingConfig
 from rltool.demo.data import Problem, prompt_messages
-from rltool.demo.model import demo_model_config, encode_sft_example
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.engines import hf_stopping
 from rltool.engines.hf import HFEngine

@@ -9,8 +9,8 @@ import torch
 from hf_reference import reference_logprobs
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import SamplingConfig
-from rltool.demo.model import demo_model_config
 from rltool.engines.hf import HFEngine
 
 

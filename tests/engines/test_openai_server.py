@@ -11,13 +11,20 @@ import torch
 from completions_fixture import FixtureCompletionsServer
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
 from rltool.config.checks import check_values
-from rltool.config.schema import ModelConfig, RecipeConfig, RolloutConfig, SamplingConfig
-from rltool.demo.model import demo_model_config
+from rltool.config.schema import (
+    LoraConfig,
+    ModelConfig,
+    RecipeConfig,
+    RolloutConfig,
+    SamplingConfig,
+)
 from rltool.engines.hf import HFEngine
 from rltool.engines.openai_pool import ServerPool, ServersDown
 from rltool.engines.openai_server import OpenAIServerEngine
 from rltool.engines.registry import build_engine
+from rltool.lora import apply_lora, engine_model, merged_copy
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=6)
 
@@ -171,6 +178,41 @@ def test_sync_weights_sends_the_trainers_model(servers, tokenizer, tmp_path):
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(trainer_model, tokenizer).generate(prompts, GREEDY)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("held", ["base model (sync in process)", "peft model"])
+def test_a_lora_policy_reaches_the_servers_merged_under_the_base_names(
+    servers, model, tokenizer, tmp_path, held
+):
+    """The servers load plain checkpoints: ``sync_weights`` of a LoRA policy sends
+    W + scale * B @ A under the base model's names, whichever object the engine holds
+    (the in-process backend hands it the peft model's base model, adapters inside)."""
+    policy = apply_lora(
+        copy.deepcopy(model), LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    torch.manual_seed(3)
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # B != 0: the adapters change the weights
+    held_model = engine_model(policy) if held.startswith("base") else policy
+    pool = ServerPool([servers[0].url], timeout_s=30)
+    engine = OpenAIServerEngine(
+        pool, tokenizer, "tiny", weights_dir=str(tmp_path), model=held_model
+    )
+    engine.sync_weights(1)
+    (received,) = servers[0].weights
+    merged = merged_copy(policy).state_dict()
+    assert set(received) == set(model.state_dict()) == set(merged)  # no lora_A, no base_layer
+    for name, value in received.items():
+        torch.testing.assert_close(value, merged[name], rtol=0, atol=1e-6)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(received[q], model.state_dict()[q])  # the adapters are in
+    prompts = _prompts(tokenizer, 3)
+    got = engine.generate(prompts, GREEDY)
+    want = HFEngine(merged_copy(policy).eval(), tokenizer).generate(prompts, GREEDY)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert all(g.model_steps == [1] * len(g.token_ids) for g in got)
     engine.shutdown()
 
 

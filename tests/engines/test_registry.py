@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import ModelConfig, RolloutConfig
-from rltool.demo.model import demo_model_config
 from rltool.engines.hf import HFEngine
 from rltool.engines.registry import ENGINES, build_engine, check_engine_name
 

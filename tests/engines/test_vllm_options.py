@@ -11,8 +11,10 @@ import pytest
 
 from rltool.config.loader import load_recipe
 from rltool.config.schema import ModelConfig, RolloutConfig, VLLMConfig
+from rltool.engines.base import eos_ids
+from rltool.engines.chunked import first_stop
 from rltool.engines.registry import ENGINES, build_engine, check_engine_name
-from rltool.engines.vllm import eos_ids, first_stop, llm_options
+from rltool.engines.vllm import llm_options
 from rltool.engines.vllm_worker import EXTENSION
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ import torch
 from ray.exceptions import RayActorError
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import RecipeConfig, RolloutConfig, SamplingConfig
-from rltool.demo.model import demo_model_config
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.produce.backend import GroupRequest
 from rltool.produce.ray_backend import RayBackend, failed_outcomes, spread

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
+from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import RecipeConfig, SamplingConfig
-from rltool.demo.model import demo_model_config
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.produce.backend import GroupRequest
 from rltool.produce.inprocess import InProcessBackend

@@ -5,7 +5,7 @@ Runs only where vLLM is installed (it pins its own torch and transformers):
     bash scripts/vllm_env.sh && .venv-vllm/bin/python -m pytest tests/vllm_env
 
 One ``LLM`` for the module (vLLM takes ~1 min to start on 2 cores); the tests that change
-its weights come last.
+its weights come last (the LoRA one last of all).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rltool.agent_loops.base import LoopContext
 from rltool.agent_loops.localhost import LocalhostLoop
-from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
-from rltool.demo.model import ensure_demo_checkpoint
+from rltool.app.demo_model import ensure_demo_checkpoint
+from rltool.builtin import resolve_builtin_data
+from rltool.config.schema import LoraConfig, ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.hf import HFEngine
 from rltool.engines.registry import build_engine
 from rltool.engines.vllm import VLLMEngine
-from rltool.models import resolve_builtin_data
+from rltool.lora import apply_lora, engine_model, merged_copy
 from rltool.rollout.contract import check_group, errors
 from rltool.rollout.state import IGNORE_INDEX, Status
 from rltool.training.logprobs import token_logprobs
@@ -220,3 +221,28 @@ def test_sync_weights_pushes_the_trainers_model(engine, model, tokenizer, prompt
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
     assert [g.token_ids for g in after] == [g.token_ids for g in ref]
     assert all(set(g.model_steps) == {2} for g in after)
+
+
+def test_sync_weights_of_a_lora_policy_loads_the_merged_weights(engine, model, tokenizer, prompts):
+    """A LoRA run in process: the engine holds the peft model's base model (adapters
+    inside); ``sync_weights`` sends W + scale * B @ A under the base model's names, which
+    vLLM's reload takes; greedy then equals the HF engine on the merged model."""
+    lora = LoraConfig(rank=8, alpha=16, target_modules=["q_proj", "v_proj"])
+    policy = apply_lora(copy.deepcopy(model), lora)
+    torch.manual_seed(5)
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # B != 0: the adapters change the outputs
+    merged = merged_copy(policy).eval()
+    before = engine.generate(prompts, GREEDY)
+    trainers = engine.model
+    engine.model = engine_model(policy)  # as InProcessBackend hands it in a sync LoRA run
+    try:
+        engine.sync_weights(3)
+    finally:
+        engine.model = trainers
+    after = engine.generate(prompts, GREEDY)
+    ref = HFEngine(merged, tokenizer).generate(prompts, GREEDY)
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]  # the adapters mattered
+    assert [g.token_ids for g in after] == [g.token_ids for g in ref]
+    assert all(set(g.model_steps) == {3} for g in after)

@@ -27,8 +27,15 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from rltool.builtin import (
+    DEMO_NAME,
+    MOE_NAME,
+    STUDENT_NAME,
+    check_builtin_model,
+    demo_cache_dir,
+    is_builtin,
+)
 from rltool.config.schema import SamplingConfig
-from rltool.demo.cache import DEMO_NAME, MOE_NAME, STUDENT_NAME, demo_cache_dir
 from rltool.demo.data import GSM8K_TINY_DIR, Problem, extract_answer, prompt_messages, read_jsonl
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.engines.hf import HFEngine
@@ -312,13 +319,11 @@ def ensure_demo_checkpoint(show_progress: bool = True, builtin: str = "tiny-gsm8
 
 def ensure_builtin_models(*paths: str | None, show_progress: bool = True) -> None:
     """Build every ``builtin:<name>`` among ``paths`` that is not in the cache yet."""
-    from rltool.models import BUILTIN_PREFIX, check_builtin_model
-
     for path in paths:
-        if path and path.startswith(BUILTIN_PREFIX):
+        if is_builtin(path):
             ensure_demo_checkpoint(show_progress, builtin=check_builtin_model(path))
 
 
-if __name__ == "__main__":  # python -m rltool.demo.model: build every builtin checkpoint
+if __name__ == "__main__":  # python -m rltool.app.demo_model: build every builtin checkpoint
     for name in BUILD_ARGS:
         print(ensure_demo_checkpoint(builtin=name))

@@ -1,0 +1,201 @@
+"""The base of the engines that hold their own copy of the weights (vLLM in process, servers).
+
+What they share: generation in rounds of at most ``rollout.chunk_tokens`` new tokens
+(partial rollouts: between rounds, weights that arrived are loaded), each token stamped
+with the step of the weights that sampled it, a stop string split across two rounds cut
+where it ends, the trainer's weights (LoRA merged, ``rltool.lora.rollout_state_dict``)
+written to a file and applied through ``PendingWeights``, the EOS ids. What each engine
+does itself: send one round's requests (``_complete``), write a weights file and load it
+(``_write_weights``, ``_load_file``). Shape legend: R = generated tokens of one sequence.
+Design: docs/engines.md#weight-hand-off
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rltool.config.schema import SamplingConfig
+from rltool.engines.base import Generation, RolloutEngine, eos_ids
+from rltool.engines.weight_handoff import PendingWeights
+from rltool.lora import rollout_state_dict
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """``n`` samples of at most ``max_tokens`` new tokens after ``context`` (prompt +
+    tokens so far)."""
+
+    context: tuple[int, ...]
+    n: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class Completion:
+    """One sample of a request."""
+
+    token_ids: list[int]  # [R]
+    logprobs: list[float]  # [R]
+    stopped: bool  # EOS or a stop string (False: the token budget ran out)
+
+
+@dataclass(slots=True)
+class _Row:
+    """What one output row generated so far (R entries each)."""
+
+    prompt: tuple[int, ...]
+    tokens: list[int]
+    logprobs: list[float]
+    steps: list[int]
+    finished: bool = False
+
+
+def first_stop(tokenizer: Any, tokens: list[int], stops: Sequence[str], start: int) -> int | None:
+    """Length of the shortest prefix of ``tokens`` (longer than ``start``) whose text holds a
+    stop string, or None: a stop string split across two calls (partial rollouts)."""
+    if not stops or not any(s in tokenizer.decode(tokens) for s in stops):
+        return None
+    for n in range(start + 1, len(tokens) + 1):
+        if any(s in tokenizer.decode(tokens[:n]) for s in stops):
+            return n
+    return None
+
+
+class ChunkedEngine(RolloutEngine):
+    """Generates in rounds; holds its own copy of the weights, loaded from files.
+
+    ``model``: the trainer's model (a synchronous in-process run), whose weights
+    ``sync_weights`` sends; None where only ``load_weights`` is used.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model: torch.nn.Module | None,
+        chunk_tokens: int | None = None,
+        model_step: int = 0,
+    ):
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
+        self.tokenizer = tokenizer
+        self.model = model
+        self.owner = type(self).__name__  # names the engine in errors
+        self.chunk_tokens = chunk_tokens
+        self.eos = eos_ids(tokenizer, model)
+        self._weights = PendingWeights(self._load_file, self.owner, model_step)
+
+    @abstractmethod
+    def _complete(
+        self, requests: Sequence[Request], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        """``request.n`` completions per request, in order."""
+
+    @abstractmethod
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
+        """Write ``state_dict`` to a file the engine can load; its path."""
+
+    @abstractmethod
+    def _load_file(self, path: Path, model_step: int) -> None:
+        """Load a written file (under ``PendingWeights``' lock)."""
+
+    def _start_generate(self) -> None:
+        """Runs before a ``generate``, after waiting weights were applied."""
+
+    def _end_generate(self) -> None:
+        """Runs after a ``generate``, after waiting weights were applied."""
+
+    @property
+    def model_step(self) -> int:
+        return self._weights.step
+
+    @property
+    def weights_waiting(self) -> bool:
+        return self._weights.waiting
+
+    def sync_weights(self, model_step: int) -> None:
+        """The trainer's model is not the engine's copy: its weights (LoRA merged, under
+        the base names) are sent as ``load_weights`` sends them."""
+        if self.model is None:
+            raise ValueError(
+                f"{self.owner}.sync_weights needs the trainer's model (the engine was built "
+                "without it); use load_weights"
+            )
+        self.load_weights(rollout_state_dict(self.model), model_step)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+        """Write the weights now; they are loaded now, or, during a ``generate``, at its
+        next pause point (every ``chunk_tokens``) or when it ends (a later call replaces
+        them while they wait)."""
+        self._weights.check(model_step)
+        self._weights.offer(self._write_weights(state_dict, model_step), model_step)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[Generation]:
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
+        rows = [_Row(tuple(int(t) for t in p), [], [], []) for p in prompts]
+        with self._weights.generating(start=self._start_generate, end=self._end_generate):
+            while self._round(rows, sampling):
+                pass
+        return [
+            Generation(
+                token_ids=r.tokens,
+                logprobs=r.logprobs,
+                model_steps=r.steps,
+                finish_reason="stop" if r.finished else "length",
+                text=self.tokenizer.decode(r.tokens, skip_special_tokens=True),
+            )
+            for r in rows
+        ]
+
+    def _round(self, rows: list[_Row], sampling: SamplingConfig) -> bool:
+        """One request per distinct context of the unfinished rows (``n`` = its rows: a
+        group's prompt is prefilled once), at most ``chunk_tokens`` new tokens each; False
+        when every row is done."""
+        budget = sampling.max_new_tokens
+        active = [r for r in rows if not r.finished and len(r.tokens) < budget]
+        if not active:
+            return False
+        self._weights.apply_waiting()  # a pause point
+        step = self._weights.step
+        by_context: dict[tuple[int, ...], list[_Row]] = {}
+        for r in active:
+            by_context.setdefault(r.prompt + tuple(r.tokens), []).append(r)
+        requests = []
+        for context, members in by_context.items():
+            left = budget - len(members[0].tokens)
+            chunk = left if self.chunk_tokens is None else min(left, self.chunk_tokens)
+            requests.append(Request(context, len(members), chunk))
+        answers = self._complete(requests, sampling)
+        for members, completions in zip(by_context.values(), answers, strict=True):
+            if len(completions) != len(members):
+                raise RuntimeError(
+                    f"{self.owner}: asked for {len(members)} samples, got {len(completions)}"
+                )
+            for r, c in zip(members, completions, strict=True):
+                done = len(r.tokens)
+                r.tokens += c.token_ids
+                r.logprobs += c.logprobs
+                r.steps += [step] * len(c.token_ids)
+                cut = self._cut_at_stop(r, sampling.stop, done)  # even if it stopped later
+                r.finished = cut or c.stopped
+        return True
+
+    def _cut_at_stop(self, row: _Row, stop: Sequence[str], done: int) -> bool:
+        """A stop string that spans a pause point (the engine saw only its second part):
+        cut the row after the token that completes it. True if one did."""
+        if not stop or done == 0:
+            return False
+        k = first_stop(self.tokenizer, row.tokens, stop, done)
+        if k is None:
+            return False
+        del row.tokens[k:], row.logprobs[k:], row.steps[k:]
+        return True
