@@ -24,13 +24,13 @@ from rltool.app.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from rltool.app.recipe_names import check_config
 from rltool.app.sharded_checkpoint import (
     SHARDED,
     load_full_moments,
     restore_updater,
     write_sharded,
 )
-from rltool.app.recipe_names import check_config
 from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
@@ -58,6 +58,7 @@ from rltool.training.sharding import (
     shard_model,
 )
 from rltool.training.updater import PolicyUpdater
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)

@@ -107,10 +107,6 @@ class HFEngine(RolloutEngine):
     ):
         """``record_routing``: record the experts of every position (MoE models); None =
         whenever the model has MoE routers."""
-        if batch_size < 1:
-            raise ValueError(f"rollout.batch_size must be >= 1, got {batch_size}")
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size

@@ -111,8 +111,6 @@ class OpenAIServerEngine(RolloutEngine):
         model_step: int = 0,
         eos: Sequence[int] = (),
     ):
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
         self.pool, self.tokenizer, self.served_model = pool, tokenizer, served_model
         self.weights_dir, self.update_method = weights_dir, update_method
         self.chunk_tokens, self.eos = chunk_tokens, list(eos)
