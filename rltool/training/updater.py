@@ -96,8 +96,9 @@ class PolicyUpdater:
                 "algorithm.loss_agg 'seq-mean-token-sum-norm' needs norm_len "
                 "(pass rollout.sampling.max_new_tokens to PolicyUpdater)"
             )
+        if algo.kl_coef > 0 and ref_model is None:
+            raise ValueError("algorithm.kl_coef > 0 needs a reference model (ref_model)")
         # the algorithm's values were checked when the recipe loaded (config/checks.py)
-        assert ref_model is not None or algo.kl_coef == 0, "kl_coef > 0 needs a ref_model"
         assert temperature > 0, temperature
         self.distill = distill or DistillConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
