@@ -1,7 +1,7 @@
 """Value checks of every recipe key, run once when a recipe loads, before any model.
 
 ``check_values`` returns one line per bad key (``algorithm.clip_low = 5: must be in
-[0, 1)``, ``optimizer.schedule = 'cosinee': must be one of constant, cosine, linear;
+[0, 1)``, ``optimizer.schedule = 'cosinee': must be one of: constant, cosine, linear;
 did you mean 'cosine'?``); ``load_recipe`` raises them all together. Each rule is written
 once, keyed by the full recipe key (``*`` stands for any task index or mapping key), and
 the code that uses a value trusts it: no constructor checks it again (asserts only for
