@@ -21,8 +21,6 @@ def pack_lengths(
     ``ids`` (e.g. rollout ids) name a sample in the error for one that is too long.
     """
     lengths_S = np.asarray(lengths, dtype=np.int64)  # [S]
-    if max_len < 1:
-        raise ValueError(f"trainer.pack_max_length must be >= 1, got {max_len}")
     bad = np.flatnonzero((lengths_S > max_len) | (lengths_S < 1))
     if bad.size:
         i = int(bad[0])

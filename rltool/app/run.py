@@ -25,6 +25,7 @@ from rltool.app.checkpoint import (
     save_checkpoint,
 )
 from rltool.app.demo_model import ensure_builtin_models
+from rltool.app.recipe_names import check_config
 from rltool.app.sharded_checkpoint import (
     SHARDED,
     load_full_moments,
@@ -34,11 +35,9 @@ from rltool.app.sharded_checkpoint import (
 from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
-from rltool.engines.registry import check_engine_name
 from rltool.lora import AdapterFreeReference, apply_lora, require_peft
 from rltool.models import load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
-from rltool.produce.filters import GROUP_FILTERS
 from rltool.produce.preflight import check_preflight
 from rltool.produce.producer import Producer
 from rltool.produce.task_metrics import evaluate_tasks
@@ -59,8 +58,6 @@ from rltool.training.sharding import (
     shard_model,
 )
 from rltool.training.updater import PolicyUpdater
-
-BACKENDS = ("inprocess", "ray")
 
 
 def seed_everything(seed: int) -> None:
@@ -102,16 +99,13 @@ def tell(run: Run, kind: str, arg: Any = None) -> None:
 
 def build_backend(recipe: RecipeConfig, model: Any, tokenizer: Any) -> RolloutBackend:
     """``rollout.backend``: in process (sharing or copying ``model``) or Ray actors."""
-    name = recipe.rollout.backend
-    if name == "inprocess":
-        from rltool.produce.inprocess import InProcessBackend
-
-        return InProcessBackend(recipe, model=model, tokenizer=tokenizer)
-    if name == "ray":
+    if recipe.rollout.backend == "ray":
         from rltool.produce.ray_backend import RayBackend  # imports ray: only when asked for
 
         return RayBackend(recipe)
-    raise ValueError(f"rollout.backend must be one of {BACKENDS}, got {name!r}")
+    from rltool.produce.inprocess import InProcessBackend
+
+    return InProcessBackend(recipe, model=model, tokenizer=tokenizer)
 
 
 def build_scorer(recipe: RecipeConfig, tokenizer: Any) -> Any:
@@ -126,17 +120,11 @@ def build_scorer(recipe: RecipeConfig, tokenizer: Any) -> Any:
 
 
 def check_recipe(recipe: RecipeConfig) -> None:
-    """The recipe's names (loops, estimator, backend, filter, ...) exist: ValueErrors naming
-    the key and the known names, raised before anything heavy is loaded."""
-    task_specs(recipe)  # agent loop names, the task list
-    ConversionConfig.from_recipe(recipe)  # estimator, pack length, task weights
-    if recipe.rollout.backend not in BACKENDS:
-        raise ValueError(
-            f"rollout.backend: unknown backend {recipe.rollout.backend!r}; "
-            f"known: {', '.join(BACKENDS)}"
-        )
-    GROUP_FILTERS.get(recipe.produce.group_filter)
-    check_engine_name(recipe.rollout.engine)
+    """The recipe can run here: ValueErrors naming the key and the fix, raised before
+    anything heavy is loaded. Its values and names (loops, estimator, backend, filter, ...)
+    first, as ``rltool train`` checks them (a recipe built in code has not been loaded)."""
+    check_config(recipe)
+    task_specs(recipe)  # the task list
     check_preflight(task_specs(recipe))  # loops' programs and packages, data files and fields
     check_trackers(recipe.logging)  # logging.trackers: known, their packages installed
     check_distributed(recipe.distributed)

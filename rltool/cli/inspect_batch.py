@@ -133,13 +133,26 @@ def _missing_sample_message(batch: TrainBatch, rollout_id: str) -> str:
     return f"--sample {rollout_id}: no such sample in the batch{where}"
 
 
+# the recipe key each option stands for: checked by the recipe's own rules
+OPTION_KEYS = {
+    "estimator": "algorithm.estimator",
+    "pack_max_length": "trainer.pack_max_length",
+    "max_staleness": "algorithm.max_staleness",
+    "max_token_staleness": "algorithm.max_token_staleness",
+    "sync_interval": "algorithm.sync_interval",
+}
+
+
 def _with_options(settings: Settings, options: dict[str, Any]) -> Settings:
     """A settings dataclass with the options the user gave (None = not given)."""
+    from rltool.app.recipe_names import option_problem
+
     given = {k: v for k, v in options.items() if v is not None}
-    try:
-        return dataclasses.replace(settings, **given)
-    except ValueError as exc:  # the settings check their values (estimator name, limits)
-        raise UserError(f"bad option: {exc}", 2) from exc
+    checked = [(OPTION_KEYS[k], v) for k, v in given.items() if k in OPTION_KEYS]
+    problems = [p for key, v in checked if (p := option_problem(key, v))]
+    if problems:
+        raise UserError(f"bad option: {'; '.join(problems)}", 2)
+    return dataclasses.replace(settings, **given)
 
 
 @dataclass(slots=True)
@@ -186,9 +199,7 @@ def inspect_batch(
     estimator: Annotated[
         str | None, typer.Option(help="Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp.")
     ] = None,
-    pack_max_length: Annotated[
-        int | None, typer.Option(min=1, help="Tokens per packed row.")
-    ] = None,
+    pack_max_length: Annotated[int | None, typer.Option(help="Tokens per packed row.")] = None,
     prefix_sharing: Annotated[
         Switch | None,
         typer.Option(
@@ -200,13 +211,13 @@ def inspect_batch(
         int | None, typer.Option(min=0, help="Train step the batch is for (token staleness).")
     ] = None,
     max_staleness: Annotated[
-        int | None, typer.Option(min=0, help="A sample expires at this staleness (in syncs).")
+        int | None, typer.Option(help="A sample expires at this staleness (in syncs).")
     ] = None,
     max_token_staleness: Annotated[
-        int | None, typer.Option(min=0, help="Tokens older than this (in syncs) are cleared.")
+        int | None, typer.Option(help="Tokens older than this (in syncs) are cleared.")
     ] = None,
     sync_interval: Annotated[
-        int | None, typer.Option(min=1, help="Train steps between weight syncs.")
+        int | None, typer.Option(help="Train steps between weight syncs.")
     ] = None,
     sample: Annotated[
         str | None, typer.Option(help="Show only the sample with this rollout_id.")

@@ -50,6 +50,10 @@ def train(
             raise ValueError("give a recipe (rltool train RECIPE.yaml) or --resume RUN_DIR")
         else:
             cfg = load_recipe(recipe, overrides)
+        # the registries' names (engines, loops, estimators, ...), before any model loads
+        from rltool.app.recipe_names import check_config
+
+        check_config(cfg, f"recipe {recipe}" if resume is None else f"--resume {resume}")
     except (ValueError, FileNotFoundError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc

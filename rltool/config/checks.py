@@ -1,15 +1,32 @@
-"""Value ranges of every numeric recipe key, checked once when a recipe loads.
+"""Value checks of every recipe key, run once when a recipe loads, before any model.
 
 ``check_values`` returns one line per bad key (``algorithm.clip_low = 5: must be in
-[0, 1)``); ``load_recipe`` raises them all together. Ranges are written once, in
-``RANGES``, keyed by the full recipe key (``*`` stands for any task index or mapping key).
+[0, 1)``, ``optimizer.schedule = 'cosinee': must be one of: constant, cosine, linear;
+did you mean 'cosine'?``); ``load_recipe`` raises them all together. Each rule is written
+once, keyed by the full recipe key (``*`` stands for any task index or mapping key), and
+the code that uses a value trusts it: no constructor checks it again (asserts only for
+the code's own invariants).
+
+Adding a key to ``schema.py``? Give it one home here (a test fails for a key without):
+- a number: its range in ``RANGES``;
+- a name from a fixed set: ``NAMES["section.key"] = one_of("a", "b")``; code that needs
+  the list reads it from there;
+- a name a higher layer registers (engine, agent loop, estimator, loss, group filter,
+  tracker, data preset): ``REGISTRY_KEYS`` here and its registry in
+  ``rltool/app/recipe_names.py`` (``RECIPE_REGISTRIES``); ``rltool train`` (with or
+  without ``--print-config``) checks them right after loading, with the same message;
+- any other string (a path, URL, model or run name): ``FREE_TEXT``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
-from collections.abc import Iterator
+import re
+import typing
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rltool.config.schema import RecipeConfig
@@ -131,16 +148,115 @@ RANGES: dict[str, Range] = {
 }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Names:
+    """The names a string key takes; ``pattern`` (a regular expression, read as ``shown``)
+    allows a family of names besides (``cuda:N``)."""
+
+    names: tuple[str, ...]
+    pattern: str | None = None
+    shown: str = ""
+
+    def allows(self, value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        return value in self.names or (
+            self.pattern is not None and re.fullmatch(self.pattern, value) is not None
+        )
+
+    def known(self) -> list[str]:
+        return [*self.names, *([self.shown] if self.shown else [])]
+
+
+def one_of(*names: str, pattern: str | None = None, shown: str = "") -> Names:
+    return Names(names, pattern, shown)
+
+
+NAMES: dict[str, Names] = {
+    "model.dtype": one_of("float32", "bfloat16", "float16"),
+    "model.device": one_of("auto", "cpu", "cuda", pattern=r"cuda:\d+", shown="cuda:N"),
+    # the attentions packed rows train with (training/attention.py picks their kernels)
+    "model.attn_implementation": one_of(
+        "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"
+    ),
+    "rollout.backend": one_of("inprocess", "ray"),
+    "rollout.vllm.dtype": one_of("", "float32", "bfloat16", "float16"),  # "" = model.dtype
+    "produce.mode": one_of("sync", "async"),
+    "produce.buffer_order": one_of("fifo", "stalest"),
+    "produce.expired": one_of("retry", "drop"),
+    "distill.mode": one_of("topk", "sampled"),
+    "optimizer.schedule": one_of("constant", "cosine", "linear"),
+    "distributed.strategy": one_of("full_shard", "shard_grad_op"),
+    "distributed.mixed_precision": one_of("none", "bf16"),
+}
+
+# names of a registry that a higher layer fills: checked by rltool/app/recipe_names.py
+REGISTRY_KEYS = (
+    "rollout.engine",
+    "agent_loop.name",
+    "tasks[*].agent_loop.name",
+    "data.preset",
+    "tasks[*].preset",
+    "produce.group_filter",
+    "algorithm.estimator",
+    "algorithm.loss_agg",
+    "algorithm.kl_estimator",
+    "logging.trackers[*]",
+)
+
+# strings that are not names from a list: paths, URLs, model, task and run names, ...
+FREE_TEXT = (
+    "model.path",
+    "model.lora.target_modules[*]",
+    "rollout.servers[*]",
+    "rollout.server.model",
+    "rollout.server.api_key_env",
+    "rollout.server.weights_dir",
+    "rollout.server.update_method",
+    "rollout.server.logprobs_method",
+    "rollout.ray_address",
+    "rollout.sampling.stop[*]",
+    "rollout.eval_sampling.stop[*]",
+    *(f"{section}.{key}" for section in ("data", "tasks[*]") for key in (
+        "train_files[*]", "eval_files[*]", "prompt_key", "answer_key", "task_key"
+    )),
+    "tasks[*].name",
+    "distill.teacher_path",
+    "logging.run_dir",
+    "logging.name",
+    "logging.project",
+)  # fmt: skip
+
+
+def name_problem(key: str, value: Any, known: Iterable[str], kind: str = "") -> str:
+    """The line for a name that is not one of ``known`` (``kind``: "advantage estimator")."""
+    known = list(known)
+    shown = ", ".join(repr(k) if k == "" else k for k in known) or "none"
+    what = f"a known {kind}" if kind else "one of"
+    line = f"{key} = {_show(value)}: must be {what}: {shown}"
+    near = difflib.get_close_matches(str(value), [k for k in known if k], n=1)
+    return f"{line}; did you mean {near[0]!r}?" if near else line
+
+
 def check_values(cfg: RecipeConfig) -> list[str]:
-    """One line per numeric key whose value is out of its range, in schema order."""
-    problems = []
-    for key, pattern, value in _leaves(cfg, "", ""):
-        rule = RANGES.get(pattern)
-        if rule is not None and not rule.allows(value):
-            finite = isinstance(value, float) and not math.isfinite(value)
-            must = f"must be a finite number {rule.text()}" if finite else f"must be {rule.text()}"
-            problems.append(f"{key} = {_show(value)}: {must}")
-    return problems
+    """One line per key whose value is out of its range or not one of its names, in
+    schema order."""
+    problems = (check_value(key, value, pattern) for key, pattern, value in leaves(cfg))
+    return [p for p in problems if p is not None]
+
+
+def check_value(key: str, value: Any, pattern: str | None = None) -> str | None:
+    """The problem line of one value of ``key`` (``pattern``: its RANGES/NAMES key, default
+    ``key``), or None when it is good or the key has no rule here."""
+    pattern = key if pattern is None else pattern
+    names, rule = NAMES.get(pattern), RANGES.get(pattern)
+    if names is not None and not names.allows(value):
+        return name_problem(key, value, names.known())
+    if rule is not None and not rule.allows(value):
+        finite = isinstance(value, float) and not math.isfinite(value)
+        must = f"must be a finite number {rule.text()}" if finite else f"must be {rule.text()}"
+        return f"{key} = {_show(value)}: {must}"
+    return None
 
 
 def unchecked_numeric_keys() -> list[str]:
@@ -148,12 +264,39 @@ def unchecked_numeric_keys() -> list[str]:
     return [
         pattern
         for _, pattern, value in _leaves(RecipeConfig(), "", "")
-        if value is not None and pattern not in RANGES
+        if value is not None and not isinstance(value, str) and pattern not in RANGES
     ]
 
 
+def unchecked_string_keys(registry_keys: Iterable[str] = REGISTRY_KEYS) -> list[str]:
+    """String keys of the schema in none of NAMES, ``registry_keys`` and FREE_TEXT (a test
+    keeps this empty, with the app's registry table)."""
+    homes = {*NAMES, *registry_keys, *FREE_TEXT}
+    return [key for key in string_keys() if key not in homes]
+
+
+@functools.cache
+def string_keys(schema: type = RecipeConfig, prefix: str = "") -> tuple[str, ...]:
+    """Every string-valued key pattern of the schema, read from its types (so that list
+    items, ``tasks[*].preset``, count although the default recipe has none)."""
+    out: list[str] = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        typ, key = hints[f.name], prefix + f.name
+        args = typing.get_args(typ)
+        if dataclasses.is_dataclass(typ):
+            out.extend(string_keys(typ, key + "."))
+        elif typing.get_origin(typ) is list and dataclasses.is_dataclass(args[0]):
+            out.extend(string_keys(args[0], key + "[*]."))
+        elif typing.get_origin(typ) is list and args[0] is str:
+            out.append(key + "[*]")
+        elif typ is str or (typing.get_origin(typ) is not dict and str in args):  # str | None
+            out.append(key)
+    return tuple(out)
+
+
 def _leaves(value: Any, key: str, pattern: str) -> Iterator[tuple[str, str, Any]]:
-    """(key, pattern, value) of every number or None leaf; list items and map keys are
+    """(key, pattern, value) of every number, string or None leaf; list items and map keys are
     ``[*]`` and ``.*`` in the pattern (``tasks[1].weight`` -> ``tasks[*].weight``)."""
     if dataclasses.is_dataclass(value):
         dot = "." if key else ""
@@ -165,5 +308,11 @@ def _leaves(value: Any, key: str, pattern: str) -> Iterator[tuple[str, str, Any]
     elif isinstance(value, dict):
         for k, item in value.items():
             yield from _leaves(item, f"{key}.{k}", f"{pattern}.*")
-    elif value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+    elif value is None or (isinstance(value, int | float | str) and not isinstance(value, bool)):
         yield key, pattern, value
+
+
+def leaves(cfg: RecipeConfig) -> Iterator[tuple[str, str, Any]]:
+    """(key, pattern, value) of every number, string or None leaf of ``cfg``
+    (``tasks[1].preset``, ``tasks[*].preset``, ``'verl'``)."""
+    return _leaves(cfg, "", "")

@@ -9,8 +9,8 @@ reads the same wherever it appears.
 Every value is checked against the typed schema as it is applied, so an
 unknown key or a value of the wrong type is a ValueError naming the full key,
 the file it came from (or the command line) and, for a misspelling, the
-nearest valid key. The merged values are then range-checked (``config/checks.py``),
-all bad keys reported at once. Nothing after loading sees a raw DictConfig.
+nearest valid key. The merged values are then checked against their ranges and names
+(``config/checks.py``), all bad keys reported at once. Nothing after loading sees a raw DictConfig.
 """
 
 from __future__ import annotations
@@ -55,13 +55,18 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RecipeConfig
 
 
 def check_recipe_values(cfg: RecipeConfig, source: str) -> None:
-    """ValueError listing every numeric key out of its range (``source`` names the recipe)."""
-    problems = check_values(cfg)
+    """ValueError listing every key out of its range or not one of its names (``source``
+    names the recipe)."""
+    raise_problems(check_values(cfg), source)
+
+
+def raise_problems(problems: list[str], source: str) -> None:
+    """One ValueError for the lines of ``config/checks.py``-style problems, if any."""
     if len(problems) == 1:
         raise ValueError(f"{source}: {problems[0]}")
     if problems:
         lines = "\n".join(f"  {p}" for p in problems)
-        raise ValueError(f"{source}: {len(problems)} values out of range:\n{lines}")
+        raise ValueError(f"{source}: {len(problems)} bad values:\n{lines}")
 
 
 def recipe_to_yaml(cfg: RecipeConfig) -> str:

@@ -7,7 +7,6 @@ recipe gets when it says nothing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,19 +163,6 @@ class DistillConfig:
     mode: str = "topk"  # topk: forward KL on the teacher's top-k | sampled: reverse KL
     top_k: int = 8
     coef: float = 1.0  # weight of the distillation loss beside the policy loss
-
-
-DISTILL_MODES = ("topk", "sampled")
-
-
-def check_distill_config(cfg: DistillConfig) -> None:
-    """ValueError naming the recipe field for a bad distill section."""
-    if cfg.mode not in DISTILL_MODES:
-        raise ValueError(f"distill.mode: unknown {cfg.mode!r}; known: {', '.join(DISTILL_MODES)}")
-    if cfg.mode == "topk" and cfg.top_k < 1:
-        raise ValueError(f"distill.top_k must be >= 1, got {cfg.top_k}")
-    if not (math.isfinite(cfg.coef) and cfg.coef >= 0):
-        raise ValueError(f"distill.coef must be finite and >= 0, got {cfg.coef}")
 
 
 @dataclass

@@ -37,10 +37,8 @@ def field_map(
     task_key: str = "",
     where: str = "data",
 ) -> FieldMap:
-    """The preset's paths (default ``gsm8k``), each overridden by a non-empty key."""
-    if preset and preset not in PRESETS:
-        known = ", ".join(sorted(PRESETS))
-        raise ValueError(f"{where}.preset: unknown preset {preset!r}; known: {known}")
+    """The preset's paths (default ``gsm8k``), each overridden by a non-empty key; the
+    preset name was checked when the recipe loaded (app/recipe_names.py)."""
     base = PRESETS[preset or "gsm8k"]
     keys = {"prompt_key": prompt_key, "answer_key": answer_key, "task_key": task_key}
     for key, value in keys.items():

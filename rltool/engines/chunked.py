@@ -81,8 +81,6 @@ class ChunkedEngine(RolloutEngine):
         chunk_tokens: int | None = None,
         model_step: int = 0,
     ):
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
         self.tokenizer = tokenizer
         self.model = model
         self.owner = type(self).__name__  # names the engine in errors

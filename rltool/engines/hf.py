@@ -18,6 +18,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
 
+from rltool.config.checks import check_value
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.hf_prefill import SharedPrefill, left_pad
@@ -58,16 +59,19 @@ def _generation_config(sampling: SamplingConfig, eos: list[int], pad_id: int) ->
 
 
 def _check_sampling(sampling: SamplingConfig) -> None:
-    if sampling.temperature < 0:
-        raise ValueError(
-            f"sampling.temperature must be >= 0 (0 = greedy), got {sampling.temperature}"
+    """Sampling may come from a request (a verl loop, a session), not only the recipe: the
+    recipe's own ranges (config/checks.py) apply to it too."""
+    problems = [
+        problem
+        for name in ("temperature", "top_p", "top_k", "max_new_tokens")
+        if (
+            problem := check_value(
+                f"sampling.{name}", getattr(sampling, name), f"rollout.sampling.{name}"
+            )
         )
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
-    if sampling.top_k < 0:
-        raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {sampling.top_k}")
-    if sampling.max_new_tokens < 1:
-        raise ValueError(f"sampling.max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 @dataclass(slots=True)
@@ -107,10 +111,6 @@ class HFEngine(RolloutEngine):
     ):
         """``record_routing``: record the experts of every position (MoE models); None =
         whenever the model has MoE routers."""
-        if batch_size < 1:
-            raise ValueError(f"rollout.batch_size must be >= 1, got {batch_size}")
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens must be >= 1 or null, got {chunk_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size

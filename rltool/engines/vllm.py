@@ -28,7 +28,6 @@ VLLM_MISSING = (
     "its own torch and transformers, so it gets its own environment: build it with "
     "`bash scripts/vllm_env.sh` and run `.venv-vllm/bin/rltool ...`"
 )
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def import_vllm() -> Any:
@@ -41,13 +40,10 @@ def import_vllm() -> Any:
 
 
 def llm_options(cfg: VLLMConfig, model_cfg: ModelConfig, path: Path) -> dict[str, Any]:
-    """``LLM(**options)`` for ``rollout.vllm``; checks what the recipe loader cannot."""
-    dtype = cfg.dtype or model_cfg.dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"rollout.vllm.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    """``LLM(**options)`` for ``rollout.vllm`` (its values checked when the recipe loaded)."""
     return {
         "model": str(path),
-        "dtype": dtype,
+        "dtype": cfg.dtype or model_cfg.dtype,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "enforce_eager": cfg.enforce_eager,
         "enable_sleep_mode": cfg.enable_sleep_mode,

@@ -11,18 +11,14 @@ from fractions import Fraction
 
 
 def allocate(total: int, weights: dict[str, float]) -> dict[str, int]:
-    """Groups per task, in the order of ``weights``; sums exactly to ``total``."""
-    if total < 0:
-        raise ValueError(f"allocate: total must be >= 0 groups, got {total}")
-    if not weights:
-        raise ValueError("allocate: no task weights given; list at least one task")
-    for task, w in weights.items():
-        if not (math.isfinite(w) and w >= 0):
-            raise ValueError(f"task weight of {task!r} must be finite and >= 0, got {w}")
+    """Groups per task, in the order of ``weights``; sums exactly to ``total``.
+
+    The weights are the recipe's, checked when it loaded (each finite and >= 0:
+    config/checks.py; not all 0: task_specs)."""
+    assert total >= 0, total
     exact = {task: Fraction(w) for task, w in weights.items()}
     weight_sum = sum(exact.values())
-    if weight_sum == 0:
-        raise ValueError(f"task weights sum to 0 ({weights}); give at least one task weight > 0")
+    assert weight_sum > 0, weights
     quota = {task: total * w / weight_sum for task, w in exact.items()}
     out = {task: math.floor(q) for task, q in quota.items()}
     left = total - sum(out.values())

@@ -25,8 +25,6 @@ from rltool.rollout.staleness import (
 from rltool.rollout.state import RolloutState, Status, group_status
 
 Group = list[RolloutState]
-ORDERS = ("fifo", "stalest")
-EXPIRED_POLICIES = ("retry", "drop")
 STATE_VERSION = 1
 
 # what a reset keeps: identity, the prompt, and task metadata (e.g. the ground truth)
@@ -43,15 +41,6 @@ class BufferConfig:
     order: str = "fifo"  # fifo: oldest put first | stalest: smallest min model step first
     expired: str = "retry"  # retry: reset to the prompt and regenerate | drop: count and drop
     staleness: StalenessLimits = field(default_factory=StalenessLimits)  # none: never expire
-
-    def __post_init__(self) -> None:
-        if self.order not in ORDERS:
-            raise ValueError(f"replay buffer order must be one of {ORDERS}, got {self.order!r}")
-        if self.expired not in EXPIRED_POLICIES:
-            raise ValueError(
-                f"replay buffer expired policy must be one of {EXPIRED_POLICIES}, "
-                f"got {self.expired!r}"
-            )
 
     @classmethod
     def from_recipe(

@@ -41,10 +41,7 @@ def oversample(n: int, fraction: float) -> int:
 
     Rounded to 9 decimals first, so 10 * 1.1 = 11.000000000000002 gives 11, not 12.
     """
-    if n < 0:
-        raise ValueError(f"oversample: group count must be >= 0, got {n}")
-    if not (math.isfinite(fraction) and fraction >= 0):
-        raise ValueError(f"over-sampling fraction must be finite and >= 0, got {fraction}")
+    assert n >= 0 and fraction >= 0, (n, fraction)  # produce.oversample: config/checks.py
     return math.ceil(round(n * (1.0 + fraction), 9))
 
 

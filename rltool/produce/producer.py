@@ -20,7 +20,7 @@ from rltool.lora import rollout_state_dict
 from rltool.metric_names import EXPIRED_SAMPLES, STALE_TOKENS
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
-from rltool.produce.filters import GROUP_FILTERS, apply_group_filter, oversample
+from rltool.produce.filters import apply_group_filter, oversample
 from rltool.produce.result import (
     Accounting,
     Fate,
@@ -38,7 +38,6 @@ from rltool.produce.worker import FINISHED_AT
 from rltool.rollout.state import RolloutState
 
 Group = list[RolloutState]
-MODES = ("sync", "async")
 MAX_REFILLS = 4  # extra draws in one step when the filter leaves the batch short
 STATE_VERSION = 1
 
@@ -89,12 +88,7 @@ class Producer:
         sampler: TaskSampler,
         scorer: Any = None,
     ):
-        p = recipe.produce
-        if p.mode not in MODES:
-            raise ValueError(f"produce.mode must be one of {MODES}, got {p.mode!r}")
-        if p.max_inflight_steps < 1:
-            raise ValueError(f"produce.max_inflight_steps must be >= 1, got {p.max_inflight_steps}")
-        GROUP_FILTERS.get(p.group_filter)  # an unknown name fails now, not at step 1
+        p = recipe.produce  # its values were checked when the recipe loaded
         self.backend, self.sampler, self.scorer = backend, sampler, scorer
         self.concurrent = p.mode == "async"
         self.lookahead = p.max_inflight_steps if self.concurrent else 0

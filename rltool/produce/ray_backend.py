@@ -132,10 +132,6 @@ class RayBackend(RolloutBackend):
         """``worker_factory(recipe, name)`` builds each actor's worker (default: RolloutWorker);
         it must be importable in the actor processes (tests pass fakes through it)."""
         rollout = recipe.rollout
-        if rollout.num_workers < 1:
-            raise ValueError(f"rollout.num_workers must be >= 1, got {rollout.num_workers}")
-        if rollout.worker_threads < 1:
-            raise ValueError(f"rollout.worker_threads must be >= 1, got {rollout.worker_threads}")
         self._recipe = recipe
         self._factory = worker_factory
         self._weights: tuple[ray.ObjectRef, int] | None = None  # (ref, model_step) for restarts

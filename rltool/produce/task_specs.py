@@ -5,11 +5,9 @@ Design: docs/production.md#tasks
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rltool.agent_loops.base import AGENT_LOOPS
 from rltool.config.schema import AgentLoopConfig, DataConfig, RecipeConfig, TaskConfig
 from rltool.data.mapping import FieldMap, field_map
 
@@ -88,12 +86,6 @@ def check_specs(specs: Sequence[TaskSpec], task_adv_weight: Mapping[str, float])
                 "must be unique"
             )
         seen[s.name] = s.where
-        try:
-            AGENT_LOOPS.get(s.loop.name)
-        except ValueError as exc:  # "agent_loop.name: unknown agent loop ...; known: ..."
-            if s.where == "agent_loop":
-                raise
-            raise ValueError(f"{s.where}.{exc}") from exc
         option_name = s.loop.options.get(TASK_NAME_OPTION)
         if s.where != "agent_loop" and option_name is not None and option_name != s.name:
             raise ValueError(
@@ -103,10 +95,6 @@ def check_specs(specs: Sequence[TaskSpec], task_adv_weight: Mapping[str, float])
         if not s.train_files:
             key = "data.train_files" if s.where == "agent_loop" else f"{s.where}.train_files"
             raise ValueError(f"{key} is empty: task {s.name!r} needs at least one training file")
-        if not (math.isfinite(s.weight) and s.weight >= 0):
-            raise ValueError(
-                f"{s.where}.weight of task {s.name!r} must be finite and >= 0, got {s.weight}"
-            )
     if all(s.weight == 0 for s in specs):
         raise ValueError(
             f"every task weight is 0 ({', '.join(s.name for s in specs)}); give at least one "

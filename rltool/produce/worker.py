@@ -13,7 +13,7 @@ import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.engines.batcher import sampling_key
-from rltool.engines.registry import build_engine, check_engine_name
+from rltool.engines.registry import build_engine
 from rltool.produce.backend import GroupOutcome, GroupRequest
 from rltool.produce.task_loops import build_task_loops
 
@@ -47,7 +47,6 @@ class RolloutWorker:
         tokenizer: Any = None,
         name: str = "worker-0",
     ):
-        check_engine_name(recipe.rollout.engine)  # before loading a model for nothing
         if model is None:
             from rltool.models import load_model_and_tokenizer
 

@@ -39,14 +39,6 @@ class StalenessLimits:
     max_token_staleness: int | None = None  # a token is cleared at (this + 1) * sync_interval
     sync_interval: int = 1  # train steps between weight syncs
 
-    def __post_init__(self) -> None:
-        if self.sync_interval < 1:
-            raise ValueError(f"algorithm.sync_interval must be >= 1, got {self.sync_interval}")
-        for name in ("max_staleness", "max_token_staleness"):
-            limit = getattr(self, name)
-            if limit is not None and limit < 0:
-                raise ValueError(f"algorithm.{name} must be >= 0 or null (no limit), got {limit}")
-
     @classmethod
     def from_algorithm(cls, algorithm: AlgorithmConfig) -> StalenessLimits:
         return cls(algorithm.max_staleness, algorithm.max_token_staleness, algorithm.sync_interval)

@@ -28,7 +28,6 @@ every sample's fields once (``check_samples``) and conversion reads those arrays
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,17 +58,6 @@ class ConversionConfig:
     attn_implementation: str = "sdpa"  # model.attn_implementation
     device: str = "cpu"  # cpu | cuda: where the policy trains
     task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
-
-    def __post_init__(self) -> None:
-        ESTIMATORS.get(self.estimator)  # raises with the known names
-        choose_kernels(self.attn_implementation, self.device)  # raises for an unknown attention
-        if self.pack_max_length < 1:
-            raise ValueError(f"trainer.pack_max_length must be >= 1, got {self.pack_max_length}")
-        for task, w in self.task_adv_weight.items():
-            if not (math.isfinite(w) and w >= 0):
-                raise ValueError(
-                    f"algorithm.task_adv_weight.{task} must be finite and >= 0, got {w}"
-                )
 
     @classmethod
     def from_recipe(cls, recipe: RecipeConfig) -> ConversionConfig:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rltool.config.schema import DISTILL_MODES
+from rltool.config.checks import NAMES
 from rltool.models import model_device
 from rltool.training.batch import Pack
 from rltool.training.logprobs import (
@@ -103,7 +103,7 @@ def distill_term(
     ``mask`` [N] = supervised targets; the teacher values elsewhere (placeholders,
     padding) are zeroed first so that nothing non-finite reaches the gradient.
     """
-    assert pack.teacher_logprobs is not None and pack.teacher_kind in DISTILL_MODES
+    assert pack.teacher_logprobs is not None and pack.teacher_kind in NAMES["distill.mode"].names
     teacher = pack.teacher_logprobs.to(logp.device).float()  # [N, K]
     teacher = torch.where(mask[:, None], teacher, torch.zeros_like(teacher))  # [N, K]
     if pack.teacher_kind == "sampled":

@@ -54,11 +54,12 @@ def test_bad_names_fail_before_the_model_loads(tmp_path):
         ("rollout.backend=nope", "rollout.backend"),
         ("produce.group_filter=nope", "nope"),
         ("algorithm.estimator=nope", "nope"),
-        ("rollout.engine=nope", "rollout.engine: unknown rollout engine 'nope'; known: hf"),
+        ("rollout.engine=nope", "rollout.engine = 'nope': must be a known rollout engine: hf"),
     ):
         result = _run(_args(missing, tmp_path, 1, override))
-        assert result.exit_code == 1, result.output
-        assert named in result.output and "no-such-model" not in result.output, result.output
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert named in text and "no-such-model" not in text, result.output
 
 
 def test_an_evaluation_where_every_sample_failed_stops_the_run_and_keeps_its_training(

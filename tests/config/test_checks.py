@@ -81,7 +81,7 @@ def test_all_bad_keys_are_reported_together(recipe: Path) -> None:
     with pytest.raises(ValueError) as err:
         load_recipe(recipe, ["data.group_size=0", "optimizer.eps=0", "algorithm.clip_low=-0.1"])
     assert str(err.value).splitlines() == [
-        f"recipe {recipe}: 3 values out of range:",
+        f"recipe {recipe}: 3 bad values:",
         "  data.group_size = 0: must be >= 1",
         "  algorithm.clip_low = -0.1: must be in [0, 1)",
         "  optimizer.eps = 0: must be > 0",

@@ -21,8 +21,6 @@ def test_presets_and_keys() -> None:
     assert field_map("verl", answer_key="extra_info.answer") == FieldMap(
         "prompt", "extra_info.answer", "data_source"
     )
-    with pytest.raises(ValueError, match=r"data.preset: unknown preset 'trl'; known: gsm8k, verl"):
-        field_map("trl")
     with pytest.raises(ValueError, match=r"tasks\[1\].answer_key 'a..b' must be a dotted path"):
         field_map(answer_key="a..b", where="tasks[1]")
 

@@ -10,7 +10,8 @@ from transformers import Qwen2ForCausalLM
 
 from rltool.app.demo_model import demo_model_config
 from rltool.builtin import resolve_builtin_data
-from rltool.config.schema import ModelConfig
+from rltool.config.checks import check_values
+from rltool.config.schema import ModelConfig, RecipeConfig
 from rltool.demo.data import GSM8K_TINY_DIR
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.models import (
@@ -65,12 +66,17 @@ def test_unknown_builtin_lists_the_known_ones():
         resolve_model_path("builtin:gpt-5")
 
 
-def test_bad_dtype_and_device(checkpoint):
-    with pytest.raises(ValueError, match=r"model\.dtype"):
-        load_model_and_tokenizer(ModelConfig(path=str(checkpoint), dtype="fp8"))
-    with pytest.raises(ValueError, match=r"model\.device"):
-        resolve_device("tpu:0")
+def test_bad_dtype_and_device():
+    # the names are checked when the recipe loads (config/checks.py); the loader trusts them
+    cfg = RecipeConfig(model=ModelConfig(dtype="fp8", device="tpu:0"))
+    dtype, device = check_values(cfg)
+    assert dtype.startswith("model.dtype = 'fp8': must be one of: float32, bfloat16, float16")
+    assert device.startswith("model.device = 'tpu:0': must be one of: auto, cpu, cuda, cuda:N")
+    assert check_values(RecipeConfig(model=ModelConfig(device="cuda:1"))) == []
     assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():  # a name can be good and this machine still lack it
+        with pytest.raises(ValueError, match=r"model\.device is 'cuda:1' but CUDA is not"):
+            resolve_device("cuda:1")
 
 
 def test_resolve_builtin_data():

@@ -31,5 +31,3 @@ def test_hf_engine_takes_the_rollout_settings(tokenizer):
     assert isinstance(engine, HFEngine)
     assert (engine.model, engine.tokenizer) == (model, tokenizer)
     assert (engine.batch_size, engine.chunk_tokens, engine.model_step) == (5, 3, 0)
-    with pytest.raises(ValueError, match=r"rollout.batch_size must be >= 1, got 0"):
-        build_engine(RolloutConfig(batch_size=0), ModelConfig(), model, tokenizer)

@@ -218,22 +218,6 @@ def test_state_dict_version_is_checked() -> None:
         ReplayBuffer().load_state_dict({"version": 99})
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"order": "lifo"}, "order must be one of"),
-        ({"expired": "keep"}, "expired policy must be one of"),
-        ({"sync_interval": 0}, "sync_interval must be >= 1"),
-        ({"max_staleness": -1}, "max_staleness must be >= 0"),
-    ],
-)
-def test_bad_config(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        limits = {k: v for k, v in kwargs.items() if k not in ("order", "expired")}
-        rest = {k: v for k, v in kwargs.items() if k in ("order", "expired")}
-        BufferConfig(**rest, staleness=StalenessLimits(**limits))
-
-
 def test_metrics() -> None:
     buf = ReplayBuffer()
     buf.put(group("g"), 0)

@@ -335,10 +335,3 @@ def test_state_dict_resumes_with_every_buffered_and_in_flight_group():
     assert served & buffered  # the buffered survivors are served first
     check_accounting(q)
     assert q.accounting.taken == p.accounting.taken + len(fresh.generated_ids)
-
-
-def test_unknown_mode_and_filter_are_clear_errors():
-    with pytest.raises(ValueError, match=r"produce\.mode"):
-        make(FakeBackend(), "later")
-    with pytest.raises(ValueError, match="unknown group filter"):
-        make(FakeBackend(), group_filter="nope")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -48,8 +47,6 @@ def test_multitask_specs_keep_order_and_weights() -> None:
         (recipe_with(task("a"), task("a")), r"tasks\[1\]\.name 'a' is also the name of tasks\[0\]"),
         (recipe_with(task("a"), task("")), r"tasks\[1\]\.name must be a non-empty"),
         (recipe_with(task("a/b")), r"without '/'"),
-        (recipe_with(task("a", -1.0)), r"tasks\[0\]\.weight of task 'a' must be finite and >= 0"),
-        (recipe_with(task("a", math.nan)), r"must be finite"),
         (recipe_with(task("a", 0.0), task("b", 0.0)), r"every task weight is 0 \(a, b\)"),
         (
             recipe_with(task("a"), task("b"), adv={"c": 0.0}),
@@ -58,15 +55,6 @@ def test_multitask_specs_keep_order_and_weights() -> None:
         (
             recipe_with(task("a", task_name="other")),
             r"tasks\[0\]\.agent_loop\.options\.task_name is 'other' but the task is named 'a'",
-        ),
-        (
-            recipe_with(task("a"), task("b", loop="gsm9k")),
-            r"^tasks\[1\]\.agent_loop\.name: unknown agent loop 'gsm9k'; known: gsm8k, localhost, "
-            r"sandbox, verl$",
-        ),
-        (
-            RecipeConfig(agent_loop=AgentLoopConfig(name="gsm9k", options={"task_name": "x"})),
-            r"^agent_loop\.name: unknown agent loop 'gsm9k'; known: gsm8k, localhost",
         ),
     ],
 )
@@ -134,6 +122,3 @@ def test_each_task_maps_its_records_or_takes_the_data_mapping(tmp_path: Path) ->
          "answer": "2", "task": "x"}
     ]  # fmt: skip
     assert data["b"][0] == [{"q": "2+2?", "a": "4", "question": "2+2?", "answer": "4"}]
-    b.preset = "nope"
-    with pytest.raises(ValueError, match=r"tasks\[1\].preset: unknown preset 'nope'"):
-        task_specs(recipe_with(a, b))

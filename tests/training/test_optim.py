@@ -59,14 +59,6 @@ def test_scheduler_steps_the_optimizer_lr() -> None:
     assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.0775, 0.055, 0.0325], abs=1e-12)
 
 
-def test_bad_config_names_the_field() -> None:
-    model = torch.nn.Linear(3, 2)
-    with pytest.raises(ValueError, match=r"optimizer\.schedule"):
-        build_optimizer(model, OptimizerConfig(schedule="step"))
-    with pytest.raises(ValueError, match=r"optimizer\.min_lr_ratio"):
-        build_optimizer(model, OptimizerConfig(min_lr_ratio=1.5))
-
-
 def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, steps: int) -> None:
     g = torch.Generator().manual_seed(3)
     for _ in range(steps):
