@@ -129,8 +129,8 @@ def test_network_is_unreachable(make_spec, py):
     ]
 
 
-def test_session_socket_is_the_way_out(make_spec, py, tmp_path):
-    path = tmp_path / "session.sock"
+def test_session_socket_is_the_way_out(make_spec, py, socket_dir):
+    path = socket_dir / "session.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
     server.listen()
