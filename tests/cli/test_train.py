@@ -63,7 +63,9 @@ def test_resume_sees_the_batch_an_uninterrupted_run_sees(tiny_checkpoint, tmp_pa
     assert "resumed from" in resumed.output
     a = (full / "t" / "rollouts" / "step_000003.jsonl").read_text()
     b = (cut / "t" / "rollouts" / "step_000003.jsonl").read_text()
-    assert a == b  # same prompts, same sampled tokens, same logprobs
+    # same prompts, same sampled tokens, same logprobs, to the bit: the promise of a resume,
+    # which reloads the exact weights, optimizer and RNG states into the same computation
+    assert a == b
 
 
 def test_misspelled_key_fails_with_suggestion(tiny_checkpoint, tmp_path):
