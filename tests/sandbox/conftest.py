@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from rltool.agent_loops.sandbox_task import temp_dir
 from rltool.sandbox import SandboxSpec
 
 # The Python running the tests, made visible inside the sandbox (read-only, same
@@ -33,14 +32,6 @@ def _live_processes(needle: str) -> list[str]:
             args = cmdline.replace(b"\0", b" ").decode(errors="replace")
             found.append(f"{pid}: {args}")
     return found
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A directory for a test's Unix socket: tmp_path under a long TMPDIR may leave no room
-    for one (a socket's path may not pass 107 bytes)."""
-    with temp_dir("rltool-test-sock-", for_socket=True) as path:
-        yield path
 
 
 @pytest.fixture
