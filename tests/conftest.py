@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
+from rltool.agent_loops.sandbox_task import temp_dir
 from rltool.app.demo_model import demo_model_config
 from rltool.demo.tokenizer import train_demo_tokenizer
 
@@ -21,6 +23,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    """A directory for a test's Unix socket: tmp_path under a long TMPDIR may leave no room
+    for one (a socket's path may not pass 107 bytes)."""
+    with temp_dir("rltool-test-sock-", for_socket=True) as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

@@ -123,7 +123,7 @@ def test_checkpoint_adapters_load_into_a_fresh_policy(tmp_path):
     assert not (tmp_path / "model.safetensors").exists()  # adapters only
     fresh = apply_lora(random_qwen2(VOCAB, seed=0), LoraConfig(rank=4, alpha=8)).eval()
     load_checkpoint_weights(fresh, tmp_path)
-    assert torch.equal(_logits(fresh), _logits(trained))
+    assert torch.equal(_logits(fresh), _logits(trained))  # the same weights, the same forward
 
 
 def test_checkpoint_mismatches_are_named(tmp_path):

@@ -195,7 +195,7 @@ class SandboxLoop(AgentLoop):
         ]
         sids = session_ids(group_ids, n)
         with ExitStack() as stack:
-            sock_dir = stack.enter_context(temp_dir("rltool-sock-"))
+            sock_dir = stack.enter_context(temp_dir("rltool-sock-", for_socket=True))
             check_dirs = [
                 write_check_dir(stack.enter_context(temp_dir("rltool-check-")), t.check_files)
                 for t in coding

@@ -98,9 +98,20 @@ def check_reward(run: CheckedRun) -> tuple[dict[str, Any] | None, str | None]:
     return reward, None
 
 
+# A Unix socket's path may not pass 107 bytes: a directory for one goes under /tmp when the
+# temporary directory leaves less than this for the rest (prefix, random part, socket name).
+_SOCKET_ROOM = 47
+SHORT_SOCKET_PARENT = "/tmp"
+
+
 @contextmanager
-def temp_dir(prefix: str) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+def temp_dir(prefix: str, *, for_socket: bool = False) -> Iterator[Path]:
+    """A fresh temporary directory, removed after; ``for_socket``: one whose path leaves
+    room for a Unix socket's name however long TMPDIR is."""
+    parent = None
+    if for_socket and len(tempfile.gettempdir()) + _SOCKET_ROOM > 107:
+        parent = SHORT_SOCKET_PARENT
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     try:
         yield path
     finally:

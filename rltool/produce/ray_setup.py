@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import ray
@@ -32,6 +34,22 @@ def local_num_cpus(rollout: RolloutConfig) -> int:
     return max(os.cpu_count() or 1, rollout.num_workers * rollout.worker_threads)
 
 
+# A local Ray's sockets live at <temp>/ray/session_<date>_<time>_<pid>/sockets/plasma_store
+# (about 70 characters after <temp>), and a socket path may not pass 107 bytes.
+_RAY_SOCKET_TAIL = 70
+_SOCKET_PATH_MAX = 107
+SHORT_RAY_TMPDIR = "/tmp"
+
+
+def ray_tmpdir(environ: Mapping[str, str]) -> str | None:
+    """The RAY_TMPDIR a local Ray needs: None when the user chose one or the temporary
+    directory (Ray's default) leaves room for its socket paths; else ``/tmp``."""
+    if "RAY_TMPDIR" in environ:
+        return None
+    base = environ.get("TMPDIR") or tempfile.gettempdir()
+    return SHORT_RAY_TMPDIR if len(base) + _RAY_SOCKET_TAIL > _SOCKET_PATH_MAX else None
+
+
 def connect_ray(rollout: RolloutConfig) -> RaySession:
     """Join ``rollout.ray_address``, reuse a connected Ray, or start a local one."""
     if ray.is_initialized():
@@ -51,5 +69,7 @@ def connect_ray(rollout: RolloutConfig) -> RaySession:
     # read by the Ray processes ray.init spawns; setdefault keeps a user's own choice
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if (tmpdir := ray_tmpdir(os.environ)) is not None:
+        os.environ["RAY_TMPDIR"] = tmpdir
     ray.init(num_cpus=local_num_cpus(rollout), include_dashboard=False, **quiet)
     return RaySession(owned=True, start_s=time.perf_counter() - start)

@@ -6,18 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cli_runner import run_cli
 from short_runs import short_gsm8k_args
-from typer.testing import CliRunner
-
-from rltool.cli.app import app
 
 
 def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
     return short_gsm8k_args(ckpt, run_dir, steps, *extra)
-
-
-def _run(args: list[str]):
-    return CliRunner().invoke(app, args, catch_exceptions=False)
 
 
 def _lines(run_dir: Path) -> list[dict]:
@@ -26,7 +20,7 @@ def _lines(run_dir: Path) -> list[dict]:
 
 def test_mid_run_evaluation_and_periodic_saves(tiny_checkpoint, tmp_path):
     args = _args(tiny_checkpoint, tmp_path, 4, "trainer.eval_every=2", "trainer.save_every=2")
-    result = _run(args)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     lines = _lines(tmp_path / "t")
     # before step 1, after step 2, and once at the end (step 4 is not evaluated twice)
@@ -38,7 +32,7 @@ def test_mid_run_evaluation_and_periodic_saves(tiny_checkpoint, tmp_path):
 
 
 def test_time_budget_stops_after_the_step_that_crossed_it(tiny_checkpoint, tmp_path):
-    result = _run(_args(tiny_checkpoint, tmp_path, 50, "trainer.time_budget_s=0.001"))
+    result = run_cli(_args(tiny_checkpoint, tmp_path, 50, "trainer.time_budget_s=0.001"))
     assert result.exit_code == 0, result.output
     lines = _lines(tmp_path / "t")
     assert [x["step"] for x in lines if x["kind"] == "train"] == [1]
@@ -56,10 +50,9 @@ def test_bad_names_fail_before_the_model_loads(tmp_path):
         ("algorithm.estimator=nope", "nope"),
         ("rollout.engine=nope", "rollout.engine = 'nope': must be a known rollout engine: hf"),
     ):
-        result = _run(_args(missing, tmp_path, 1, override))
+        result = run_cli(_args(missing, tmp_path, 1, override))
         assert result.exit_code == 2, result.output
-        text = " ".join(result.output.split())
-        assert named in text and "no-such-model" not in text, result.output
+        assert named in result.output and "no-such-model" not in result.output, result.output
 
 
 def test_an_evaluation_where_every_sample_failed_stops_the_run_and_keeps_its_training(
@@ -78,7 +71,7 @@ def test_an_evaluation_where_every_sample_failed_stops_the_run_and_keeps_its_tra
         return real(run)
 
     monkeypatch.setattr(driver, "evaluate", failing_after_the_first)
-    result = _run(_args(tiny_checkpoint, tmp_path, 4, "trainer.eval_every=2"))
+    result = run_cli(_args(tiny_checkpoint, tmp_path, 4, "trainer.eval_every=2"))
     assert result.exit_code == 3, result.output
     assert "all 4 samples failed" in result.output
     assert calls == [0, 2]  # stopped at the failed evaluation after step 2

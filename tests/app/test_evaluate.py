@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from fake_engines import FixedReplyEngine
 from safetensors.torch import load_file
 from short_runs import GSM8K_TINY, short_gsm8k_args
-from typer.testing import CliRunner
 
 from rltool.app.checkpoint import NoCheckpointError
 from rltool.app.evaluate import (
@@ -25,7 +25,6 @@ from rltool.app.evaluate import (
     task_figures,
 )
 from rltool.app.run import build_run
-from rltool.cli.app import app
 from rltool.config.loader import load_recipe
 from rltool.engines.base import RolloutEngine
 from rltool.engines.registry import ENGINES
@@ -91,7 +90,7 @@ def test_n_1_uses_the_eval_sampling(tiny_checkpoint, tmp_path):
 
 def test_a_run_dir_loads_its_newest_checkpoint(tiny_checkpoint, tmp_path):
     args = short_gsm8k_args(tiny_checkpoint, tmp_path, 1, "-q")
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "t"
     ckpt = run_dir / "checkpoints" / "step_000001"

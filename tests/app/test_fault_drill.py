@@ -9,7 +9,6 @@ The deterministic kills use the driver's ``RLTOOL_FAULT=<point>@<step>`` hook
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import wide_environ
 from safetensors.torch import load_file
 from short_runs import short_train_args
 
@@ -28,7 +28,7 @@ MAIN = "from rltool.cli.app import main; main()"
 
 
 def _start(args: list[str], fault: str | None = None) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(rltool.__file__).parents[1]))
+    env = wide_environ(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(rltool.__file__).parents[1]))
     env.pop("RLTOOL_FAULT", None)
     if fault is not None:
         env["RLTOOL_FAULT"] = fault

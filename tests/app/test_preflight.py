@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import wide_environ
 
 import rltool.app.run as run_mod
 from rltool.app.run import build_run, check_recipe
@@ -72,7 +73,7 @@ def test_sandbox_recipe_without_bwrap_fails_before_the_model_loads(monkeypatch, 
 
 
 def test_cli_without_bwrap_exits_non_zero_naming_bubblewrap(tmp_path):
-    env = {**os.environ, "PATH": str(VENV_BIN), "PYTHONPATH": str(REPO)}
+    env = wide_environ(PATH=str(VENV_BIN), PYTHONPATH=str(REPO))
     done = subprocess.run(
         [str(VENV_BIN / "rltool"), "train", "recipes/sandbox_code.yaml",
          f"logging.run_dir={tmp_path}"],

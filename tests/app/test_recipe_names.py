@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
 from rltool.app.recipe_names import RECIPE_REGISTRIES, check_config, name_problems
-from rltool.cli.app import app
 from rltool.config.checks import (
     FREE_TEXT,
     NAMES,
@@ -74,11 +73,7 @@ def test_a_misspelled_name_exits_2_naming_the_key_and_the_known_names(
 ) -> None:
     recipe, override, key, bad = _misspelled(pattern)
     for extra in (["--print-config"], []):
-        result = CliRunner().invoke(
-            app,
-            ["train", str(recipe), override, f"logging.run_dir={tmp_path}", *extra],
-            env={"COLUMNS": "1000"},  # one line per message, whatever the terminal
-        )
+        result = run_cli(["train", recipe, override, f"logging.run_dir={tmp_path}", *extra])
         assert result.exit_code == 2, result.output
         line = next(x for x in result.output.splitlines() if x.startswith("error:"))
         assert f"{key} = {bad!r}: must be " in line, line
@@ -89,10 +84,8 @@ def test_a_misspelled_name_exits_2_naming_the_key_and_the_known_names(
 
 
 def test_the_message_suggests_the_nearest_name(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        app,
-        ["train", str(RECIPES / "gsm8k_tiny.yaml"), "optimizer.schedule=cosinee", "--print-config"],
-        env={"COLUMNS": "1000"},
+    result = run_cli(
+        ["train", RECIPES / "gsm8k_tiny.yaml", "optimizer.schedule=cosinee", "--print-config"]
     )
     assert result.exit_code == 2
     assert (

@@ -7,42 +7,31 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from short_runs import GSM8K_TINY, short_gsm8k_args
-from typer.testing import CliRunner
-
-from rltool.cli.app import app
-
-
-def _run(args: list[str]):
-    return CliRunner().invoke(app, args, catch_exceptions=False)
-
-
-def _text(result) -> str:
-    """The output with rich's line wrapping undone."""
-    return " ".join(result.output.split())
 
 
 @pytest.fixture(scope="module")
 def run_dir(tiny_checkpoint, tmp_path_factory) -> Path:
     """A one-step run of the demo recipe on the tiny checkpoint (eval_limit 4 prompts)."""
     root = tmp_path_factory.mktemp("eval-run")
-    result = _run(short_gsm8k_args(tiny_checkpoint, root, 1, "-q"))
+    result = run_cli(short_gsm8k_args(tiny_checkpoint, root, 1, "-q"))
     assert result.exit_code == 0, result.output
     return root / "t"
 
 
 def test_eval_of_a_run_prints_pass_at_1_and_pass_at_n(run_dir):
-    result = _run(["eval", str(run_dir), "--n", "4"])
+    result = run_cli(["eval", str(run_dir), "--n", "4"])
     assert result.exit_code == 0, result.output
-    assert "step_000001 (step 1)" in _text(result)
-    assert "4 sample(s) per prompt, temperature 1.0" in _text(result)
+    assert "step_000001 (step 1)" in result.output
+    assert "4 sample(s) per prompt, temperature 1.0" in result.output
     for column in ("pass@1", "pass@4", "mean len", "truncated", "failed"):
-        assert column in _text(result)
-    assert "gsm8k" in _text(result)
+        assert column in result.output
+    assert "gsm8k" in result.output
 
 
 def test_json_is_one_object_with_every_figure(run_dir):
-    result = _run(["eval", str(run_dir), "--n", "4", "--k", "2", "--format", "json"])
+    result = run_cli(["eval", str(run_dir), "--n", "4", "--k", "2", "--format", "json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert (out["n"], out["ks"], out["step"]) == (4, [1, 2], 1)
@@ -55,45 +44,45 @@ def test_json_is_one_object_with_every_figure(run_dir):
 
 
 def test_k_over_n_is_exit_2(run_dir):
-    result = _run(["eval", str(run_dir), "--n", "2", "--k", "4"])
+    result = run_cli(["eval", str(run_dir), "--n", "2", "--k", "4"])
     assert result.exit_code == 2
-    assert "--k 4: pass@k needs 1 <= k <= n = 2" in _text(result)
+    assert "--k 4: pass@k needs 1 <= k <= n = 2" in result.output
 
 
 def test_a_run_without_a_checkpoint_is_exit_3(run_dir, tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.yaml").write_text((run_dir / "config.yaml").read_text())
-    result = _run(["eval", str(bare)])
+    result = run_cli(["eval", str(bare)])
     assert result.exit_code == 3
-    assert "checkpoints is missing" in _text(result)
-    assert "--checkpoint" in _text(result)
+    assert "checkpoints is missing" in result.output
+    assert "--checkpoint" in result.output
 
 
 def test_a_directory_that_is_no_run_is_exit_2(tmp_path):
-    result = _run(["eval", str(tmp_path)])
+    result = run_cli(["eval", str(tmp_path)])
     assert result.exit_code == 2
-    assert "a directory without config.yaml" in _text(result)
+    assert "a directory without config.yaml" in result.output
 
 
 def test_a_recipe_without_eval_data_is_exit_2(tiny_checkpoint, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     args = ["eval", str(GSM8K_TINY), f"model.path={tiny_checkpoint}", f"data.eval_files=[{empty}]"]
-    result = _run(args)
+    result = run_cli(args)
     assert result.exit_code == 2
-    assert "no eval data" in _text(result)
+    assert "no eval data" in result.output
 
 
 def test_checkpoint_option_names_the_weights(run_dir, tiny_checkpoint, tmp_path):
     ckpt = run_dir / "checkpoints" / "step_000001"
     args = ["eval", str(GSM8K_TINY), f"model.path={tiny_checkpoint}", "data.eval_limit=2"]
-    result = _run([*args, "--checkpoint", str(ckpt), "--format", "json"])
+    result = run_cli([*args, "--checkpoint", str(ckpt), "--format", "json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert (out["weights"], out["step"], out["ks"]) == (str(ckpt), 1, [1])
     assert out["sampling"]["temperature"] == 0.0  # n = 1: the greedy eval sampling
     (tmp_path / "step_000009").mkdir()  # a save that did not finish
-    result = _run([*args, "--checkpoint", str(tmp_path / "step_000009")])
+    result = run_cli([*args, "--checkpoint", str(tmp_path / "step_000009")])
     assert result.exit_code == 3
-    assert "step_000009: no manifest.json" in _text(result)
+    assert "step_000009: no manifest.json" in result.output

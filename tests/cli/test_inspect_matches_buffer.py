@@ -14,9 +14,8 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
-from rltool.cli.app import app
 from rltool.cli.inspect_batch import bake_groups
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
 from rltool.rollout.io import write_rollouts
@@ -91,7 +90,7 @@ def test_inspect_batch_marks_what_the_buffer_marks(tmp_path, limits: StalenessLi
         if getattr(limits, name) is not None:
             options += [f"--{name.replace('_', '-')}", str(getattr(limits, name))]
     args = ["inspect-batch", str(rollouts), *options, "--format", "json"]
-    result = CliRunner().invoke(app, args)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
-from rltool.cli.app import app
 from rltool.rollout.state import RolloutState
 
 
@@ -35,7 +34,7 @@ def sample(rid: str, response: list[int], score: float) -> RolloutState:
 def routing(tmp_path: Path, *args: str) -> dict:
     path = tmp_path / "r.jsonl"
     path.write_text(sample("a", [20, 21], 1.0).to_json() + "\n" + sample("b", [22], 0.0).to_json())
-    result = CliRunner().invoke(app, ["inspect-batch", str(path), "--format", "json", *args])
+    result = run_cli(["inspect-batch", path, "--format", "json", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -66,10 +65,10 @@ def test_plain_rows_and_the_last_token(tmp_path: Path) -> None:
 def test_rich_view_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_text(sample("a", [20, 21], 1.0).to_json() + "\n")
-    result = CliRunner().invoke(app, ["inspect-batch", str(path), "--routing", "a:1"])
+    result = run_cli(["inspect-batch", path, "--routing", "a:1"])
     assert result.exit_code == 0, result.output
     assert "routing of a position 1" in result.stdout and "│ [3, 7]" in result.stdout
-    bad = CliRunner().invoke(app, ["inspect-batch", str(path), "--routing", "a:9"])
+    bad = run_cli(["inspect-batch", path, "--routing", "a:9"])
     assert bad.exit_code == 1 and "position 9 is past sample a's 5 tokens" in bad.output
-    bad = CliRunner().invoke(app, ["inspect-batch", str(path), "--routing", "a"])
+    bad = run_cli(["inspect-batch", path, "--routing", "a"])
     assert bad.exit_code == 1 and "give ROLLOUT_ID:POSITION" in bad.output

@@ -9,37 +9,27 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from metrics_files import eval_line, train_line, write_run
 from short_runs import short_gsm8k_args
-from typer.testing import CliRunner
 
-from rltool.cli.app import app
 from rltool.report.charts import CHARTS
-
-
-def _run(args: list[str]):
-    return CliRunner().invoke(app, args, catch_exceptions=False)
-
-
-def _text(result) -> str:
-    """The output with rich's line wrapping undone."""
-    return " ".join(result.output.split())
 
 
 @pytest.fixture(scope="module")
 def run_dir(tiny_checkpoint, tmp_path_factory) -> Path:
     """A one-step run of the demo recipe on the tiny checkpoint (evaluated at 0 and 1)."""
     root = tmp_path_factory.mktemp("report-run")
-    result = _run(short_gsm8k_args(tiny_checkpoint, root, 1, "-q"))
+    result = run_cli(short_gsm8k_args(tiny_checkpoint, root, 1, "-q"))
     assert result.exit_code == 0, result.output
     return root / "t"
 
 
 @pytest.mark.slow
 def test_a_real_run_draws_every_chart(run_dir):
-    result = _run(["report", str(run_dir)])
+    result = run_cli(["report", str(run_dir)])
     assert result.exit_code == 0, result.output
-    assert f"wrote {run_dir / 'report.html'}: 1 run(s), {len(CHARTS)} charts" in _text(result)
+    assert f"wrote {run_dir / 'report.html'}: 1 run(s), {len(CHARTS)} charts" in result.output
     assert "note:" not in result.output  # the run recorded every metric the report reads
     html = (run_dir / "report.html").read_text()
     for spec in CHARTS:
@@ -63,9 +53,9 @@ def _hand_runs(tmp_path) -> list[Path]:
 
 def test_several_runs_in_one_self_contained_page(tmp_path):
     out = tmp_path / "out" / "cmp.html"
-    result = _run(["report", *map(str, _hand_runs(tmp_path)), "-o", str(out)])
+    result = run_cli(["report", *map(str, _hand_runs(tmp_path)), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    text = _text(result)
+    text = result.output
     assert f"wrote {out}: 2 run(s), 3 charts" in text
     assert "note: b/demo: no eval/accuracy in its eval lines" not in text  # a chart's note
     assert "note: KL divergence: not drawn, no run recorded actor/kl, actor/rollout_kl" in text
@@ -82,7 +72,7 @@ def test_several_runs_in_one_self_contained_page(tmp_path):
 def test_several_runs_default_to_report_html_here(tmp_path, monkeypatch):
     runs = _hand_runs(tmp_path)
     monkeypatch.chdir(tmp_path)
-    result = _run(["report", *map(str, runs)])
+    result = run_cli(["report", *map(str, runs)])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "report.html").is_file()
 
@@ -90,14 +80,14 @@ def test_several_runs_default_to_report_html_here(tmp_path, monkeypatch):
 def test_a_directory_without_metrics_is_exit_2(tmp_path):
     good = _hand_runs(tmp_path)[0]
     (tmp_path / "notarun").mkdir()
-    result = _run(["report", str(good), str(tmp_path / "notarun")])
+    result = run_cli(["report", str(good), str(tmp_path / "notarun")])
     assert result.exit_code == 2
-    assert f"error: {tmp_path / 'notarun'}: no metrics.jsonl in it" in _text(result)
+    assert f"error: {tmp_path / 'notarun'}: no metrics.jsonl in it" in result.output
     assert not (good / "report.html").exists()
 
 
 def test_no_run_directory_is_a_usage_error():
-    assert _run(["report"]).exit_code == 2
+    assert run_cli(["report"]).exit_code == 2
 
 
 def test_without_plotly_the_error_names_the_extra(tmp_path, monkeypatch):
@@ -105,6 +95,6 @@ def test_without_plotly_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a)
     )
-    result = _run(["report", str(_hand_runs(tmp_path)[0])])
+    result = run_cli(["report", str(_hand_runs(tmp_path)[0])])
     assert result.exit_code == 2
-    assert "pip install 'rltool[report]'" in _text(result)
+    assert "pip install 'rltool[report]'" in result.output

@@ -7,11 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from hub_and_wandb import build_hub_cache, read_wandb_log, wandb_key
 from short_runs import short_gsm8k_args
-from typer.testing import CliRunner
-
-from rltool.cli.app import app
 
 
 @pytest.mark.slow
@@ -31,7 +29,7 @@ def test_train_from_a_cached_hub_id_with_wandb_offline(tiny_checkpoint, tmp_path
     args = short_gsm8k_args(
         Path("tiny-org/tiny-model"), tmp_path / "runs", 2, "logging.trackers=[wandb]"
     )
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     wandb.teardown()  # flushes the run log
 

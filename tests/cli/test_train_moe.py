@@ -8,11 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from short_runs import short_train_args
 from tiny_models import random_moe
-from typer.testing import CliRunner
 
-from rltool.cli.app import app
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.io import read_groups
 
@@ -45,7 +44,7 @@ def test_moe_recipe_replays_routing_and_its_rollouts_validate(moe_checkpoint, tm
         "rollout.eval_sampling.max_new_tokens=6",
         "--dump-rollouts",
     )
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in lines if x["kind"] == "train"]
@@ -58,8 +57,6 @@ def test_moe_recipe_replays_routing_and_its_rollouts_validate(moe_checkpoint, tm
         for group in read_groups(path):
             for s in group:
                 assert s.routed_experts.shape == (len(s.input_ids), 2, 2)  # [T, L, k]
-    check = CliRunner().invoke(
-        app, ["validate-rollouts", "--num-experts", "8", *map(str, dumps)], env={"COLUMNS": "200"}
-    )
+    check = run_cli(["validate-rollouts", "--num-experts", "8", *dumps])
     assert check.exit_code == 0, check.output
     assert "0 errors" in check.stdout

@@ -7,10 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from short_runs import short_train_args
-from typer.testing import CliRunner
-
-from rltool.cli.app import app
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 SMALL = [  # on top of short_train_args
@@ -22,7 +20,7 @@ SMALL = [  # on top of short_train_args
 
 def _train(recipe: str, ckpt: Path, run_dir: Path, *extra: str) -> list[dict]:
     args = short_train_args(RECIPES / recipe, ckpt, run_dir, 2, *SMALL, *extra)
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     return [json.loads(x) for x in (run_dir / "t" / "metrics.jsonl").read_text().splitlines()]
 

@@ -7,23 +7,19 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
 import rltool.cli.validate as validate_cli
-from rltool.cli.app import app
 
 DATA = Path(__file__).parents[1] / "data"
 CLEAN = DATA / "validate_clean.jsonl"
 BROKEN = DATA / "validate_broken.jsonl"
 WORKED = json.loads(CLEAN.read_text().splitlines()[0])
 CASES = json.loads((DATA / "validate_cases.json").read_text())["cases"]
-WIDE = {"COLUMNS": "200"}  # rich wraps table cells at the default 80 columns
-
-runner = CliRunner()
 
 
 def run(*args: str | Path):
-    return runner.invoke(app, ["validate-rollouts", *map(str, args)], env=WIDE)
+    return run_cli(["validate-rollouts", *args])
 
 
 def write_lines(path: Path, records: list[dict[str, object]]) -> Path:

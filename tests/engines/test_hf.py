@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_reference import reference_logprobs
+from hf_reference import assert_clear_greedy, reference_logprobs
 from transformers import Qwen2ForCausalLM
 
 from rltool.app.demo_model import demo_model_config, encode_sft_example
@@ -51,6 +51,7 @@ def prompt(tokenizer, question: str = PROBLEM.question) -> list[int]:
 def test_greedy_stops_at_eos_and_keeps_it(model, tokenizer):
     engine = HFEngine(model, tokenizer, batch_size=4, model_step=3)
     [gen] = engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=30))
+    assert_clear_greedy(model, [prompt(tokenizer)], [gen])  # the argmax below cannot flip
     expected = tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert gen.token_ids == expected
     assert gen.finish_reason == "stop"
@@ -133,6 +134,7 @@ def test_batching_and_padding_do_not_change_greedy_output(model, tokenizer):
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=8)
     one = HFEngine(model, tokenizer, batch_size=1).generate(prompts, sampling)
     together = HFEngine(model, tokenizer, batch_size=3).generate(prompts, sampling)
+    assert_clear_greedy(model, prompts, one)
     assert [g.token_ids for g in one] == [g.token_ids for g in together]
     torch.testing.assert_close(
         torch.tensor([x for g in one for x in g.logprobs]),
@@ -203,6 +205,7 @@ def test_greedy_chunked_equals_unchunked(model, tokenizer, chunk):
     prompts = [prompt(tokenizer), prompt(tokenizer, OTHER.question), prompt(tokenizer, "Hi")]
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=14)
     whole = HFEngine(model, tokenizer, model_step=2).generate(prompts, sampling)
+    assert_clear_greedy(model, prompts, whole)
     chunked = HFEngine(model, tokenizer, model_step=2, chunk_tokens=chunk).generate(
         prompts, sampling
     )

@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 from completions_fixture import FixtureCompletionsServer
+from hf_reference import assert_clear_greedy
 from transformers import Qwen2ForCausalLM
 
 from rltool.app.demo_model import demo_model_config
@@ -69,6 +70,7 @@ def test_greedy_equals_hf_spread_over_both_servers(servers, model, tokenizer):
     engine = _engine([s.url for s in servers], tokenizer)
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(model, tokenizer).generate(prompts, GREEDY)
+    assert_clear_greedy(model, prompts, want)  # one request per prompt vs a batch of 8
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.text for g in got] == [w.text for w in want]
     assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
@@ -103,6 +105,7 @@ def test_a_killed_server_is_retried_on_the_other_and_counted(servers, model, tok
     engine = _engine([s.url for s in servers], tokenizer)
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(model, tokenizer).generate(prompts, GREEDY)
+    assert_clear_greedy(model, prompts, want)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert engine.pool.answered == {servers[0].url: 0, servers[1].url: 6}
     retries = engine.pop_metrics()["rollout/server_retries"]
@@ -155,6 +158,7 @@ def test_weights_reach_every_server_and_stamp_the_tokens(servers, model, tokeniz
     assert [f.name for f in files] == [f"rltool-step00000003-{engine._tag}.safetensors"]
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(new, tokenizer).generate(prompts, GREEDY)
+    assert_clear_greedy(new, prompts, want)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.token_ids for g in got] != [b.token_ids for b in before]  # the weights changed
     assert all(g.model_steps == [3] * len(g.token_ids) for g in got)
@@ -177,6 +181,7 @@ def test_sync_weights_sends_the_trainers_model(servers, tokenizer, tmp_path):
     prompts = _prompts(tokenizer, 3)
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(trainer_model, tokenizer).generate(prompts, GREEDY)
+    assert_clear_greedy(trainer_model, prompts, want)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     engine.shutdown()
 
@@ -241,6 +246,8 @@ def test_weights_synced_mid_generation_apply_at_the_next_pause_point(
     rest = HFEngine(new, tokenizer).generate(
         [prompt + head[0].token_ids], SamplingConfig(0.0, max_new_tokens=4)
     )
+    assert_clear_greedy(model, [prompt], head)
+    assert_clear_greedy(new, [prompt + head[0].token_ids], rest)
     assert got.token_ids == head[0].token_ids + rest[0].token_ids
     assert got.model_steps == [0, 0] + [2] * (len(got.token_ids) - 2)
     assert not engine.weights_waiting and engine.model_step == 2
@@ -256,6 +263,7 @@ def test_a_stop_string_across_pause_points_ends_the_row(servers, model, tokenize
     assert stop.strip()
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=8, stop=[stop])
     want = HFEngine(model, tokenizer).generate(prompts, sampling)
+    assert_clear_greedy(model, prompts, want)
     engine = _engine([servers[0].url], tokenizer, chunk_tokens=1)
     got = engine.generate(prompts, sampling)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
@@ -298,6 +306,7 @@ def test_a_server_that_misses_a_weight_update_is_dropped(servers, tokenizer, tmp
     prompts = _prompts(tokenizer, 4)
     got = engine.generate(prompts, GREEDY)
     want = HFEngine(new, tokenizer).generate(prompts, GREEDY)
+    assert_clear_greedy(new, prompts, want)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert engine.pop_metrics()["rollout/server_retries"] == 0.0  # never tried again
     servers[1].kill()

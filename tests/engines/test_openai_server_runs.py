@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from completions_fixture import FixtureCompletionsServer
 from short_runs import GSM8K_TINY, short_gsm8k_args, short_train_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from typer.testing import CliRunner
 
-from rltool.cli.app import app
 from rltool.rollout.contract import check_group, errors
 from rltool.rollout.io import read_groups
 
@@ -38,14 +37,6 @@ def _engine_args(server: FixtureCompletionsServer, tmp_path: Path) -> list[str]:
     ]
 
 
-def _run(args: list[str]):
-    before = torch.get_num_threads()
-    try:
-        return CliRunner().invoke(app, args, catch_exceptions=False)
-    finally:
-        torch.set_num_threads(before)  # async mode splits the process's threads
-
-
 def _train_lines(run_dir: Path) -> list[dict]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x for x in lines if x["kind"] == "train"]
@@ -65,7 +56,7 @@ def _loads(server: FixtureCompletionsServer) -> list[str]:
 
 def test_a_sync_gsm8k_run_samples_from_the_synced_weights(server, tiny_checkpoint, tmp_path):
     args = short_gsm8k_args(tiny_checkpoint, tmp_path, 2, *_engine_args(server, tmp_path))
-    result = _run(args)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     step2 = _check_rollouts(tmp_path / "t", 2)
     assert {m for g in step2 for s in g for m in s.response_model_steps} == {1}
@@ -83,7 +74,7 @@ def test_an_async_run_takes_weights_every_sync_interval(server, tiny_checkpoint,
         recipe, tiny_checkpoint, tmp_path, 3, "rollout.backend=inprocess",
         "rollout.sampling.max_new_tokens=6", *_engine_args(server, tmp_path),
     )  # fmt: skip
-    result = _run(args)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     for step in (1, 2, 3):
         _check_rollouts(tmp_path / "t", step)
@@ -99,7 +90,7 @@ def test_the_localhost_loop_and_its_session_server(server, tiny_checkpoint, tmp_
         recipe, tiny_checkpoint, tmp_path, 2, "rollout.sampling.max_new_tokens=6",
         "trainer.pack_max_length=4096", *_engine_args(server, tmp_path),
     )  # fmt: skip
-    result = _run(args)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     step2 = _check_rollouts(tmp_path / "t", 2)
     assert {m for g in step2 for s in g for m in s.response_model_steps} == {1}
@@ -111,7 +102,7 @@ def test_ray_rollout_workers(server, tiny_checkpoint, tmp_path):
     args = short_gsm8k_args(
         tiny_checkpoint, tmp_path, 2, "rollout.backend=ray", *_engine_args(server, tmp_path)
     )
-    result = _run(args)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     step2 = _check_rollouts(tmp_path / "t", 2)
     assert {m for g in step2 for s in g for m in s.response_model_steps} == {1}

@@ -19,6 +19,8 @@ from rltool.produce.backend import GroupOutcome, GroupRequest
 
 class SleepyWorker:
     """Sleeps ``task["delay_s"]`` per request, then answers with a two-sample group;
+    ``task["gate"]`` (a path): writes ``<gate>.<group_id>.started``, then waits until the
+    gate file exists, so a test decides when the request ends instead of timing it;
     ``task["raise"]`` makes the whole call raise (a worker breaking its contract).
     ``shutdown`` writes ``<shutdown_dir>/<name>`` when a directory is given."""
 
@@ -34,6 +36,11 @@ class SleepyWorker:
         out = []
         for r in requests:
             time.sleep(r.task.get("delay_s", 0.0))
+            if "gate" in r.task:
+                gate = Path(r.task["gate"])
+                Path(f"{gate}.{r.group_id}.started").touch()
+                while not gate.exists():
+                    time.sleep(0.01)
             out.append(GroupOutcome(r, group(r.group_id, [self._model_step] * 4), worker=self.name))
         return out
 

@@ -11,6 +11,7 @@ use real ``RolloutWorker``s on a tiny random model.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,7 +30,7 @@ from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.produce.backend import GroupRequest
 from rltool.produce.ray_backend import RayBackend, failed_outcomes, spread
 from rltool.produce.ray_deaths import death_reason
-from rltool.produce.ray_setup import connect_ray, local_num_cpus
+from rltool.produce.ray_setup import SHORT_RAY_TMPDIR, connect_ray, local_num_cpus, ray_tmpdir
 from rltool.rollout.contract import check_group
 
 # the actors cannot import the test directory: ship the fakes by value
@@ -91,6 +92,12 @@ def test_local_ray_has_room_for_every_worker():
     assert local_num_cpus(RolloutConfig(num_workers=1)) >= 1
 
 
+def test_a_long_tmpdir_moves_a_local_rays_sockets_to_tmp():
+    assert ray_tmpdir({"TMPDIR": "/tmp/short"}) is None  # Ray's own default
+    assert ray_tmpdir({"TMPDIR": "/tmp/" + "x" * 95}) == SHORT_RAY_TMPDIR  # 100 characters
+    assert ray_tmpdir({"TMPDIR": "/tmp/" + "x" * 95, "RAY_TMPDIR": "/mine"}) is None
+
+
 # --- a Ray the backend starts itself (first: before the shared one below exists) -------
 
 
@@ -126,27 +133,44 @@ def sleepy(ray_cluster):
     backend.close()
 
 
+def _wait_for(paths: list[Path], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"not all of {paths} appeared in {timeout} s"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def gate(tmp_path):
+    """The gate file of SleepyWorker's gated requests: they end when the test creates it (or
+    at teardown, whatever happened, so the shared workers are free for the next test). So
+    what is checked is the order of events, not how long a step took; the bounds left are
+    generous (a minute where the right answer takes milliseconds)."""
+    path = tmp_path / "gate"
+    yield path
+    path.touch()
+
+
 @pytest.mark.slow
-def test_collect_returns_in_completion_order_and_honours_min_groups_and_timeout(sleepy):
-    sleepy.submit([_req("slow", delay_s=2.0), _req("fast", delay_s=0.1)])  # one per worker
+def test_collect_returns_in_completion_order_and_honours_min_groups_and_timeout(sleepy, gate):
+    sleepy.submit([_req("slow", gate=str(gate)), _req("fast")])  # one per worker
     assert sleepy.in_flight == 2
-    start = time.monotonic()
-    first = sleepy.collect(min_groups=1)
+    first = sleepy.collect(min_groups=1, timeout=60)  # slow cannot end: its gate is shut
     assert [o.request.group_id for o in first] == ["fast"]  # completion order
-    assert time.monotonic() - start < 1.5
     assert sleepy.in_flight == 1
 
     start = time.monotonic()
     assert sleepy.collect(min_groups=1, timeout=0.3) == []  # the slow one is still running
-    assert 0.3 <= time.monotonic() - start < 1.5
+    assert time.monotonic() - start >= 0.3  # it waited the timeout out
     assert sleepy.in_flight == 1
 
+    gate.touch()
     rest = sleepy.collect(min_groups=5)  # more than in flight: returns when none is left
     assert [o.request.group_id for o in rest] == ["slow"]
     assert sleepy.in_flight == 0
     start = time.monotonic()
     assert sleepy.collect(min_groups=3) == []  # nothing in flight: no wait
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 30
 
     sleepy.submit([_req(f"g{i}", delay_s=0.05) for i in range(5)])  # 3 + 2 over two calls
     got = sleepy.collect(min_groups=5)
@@ -156,13 +180,18 @@ def test_collect_returns_in_completion_order_and_honours_min_groups_and_timeout(
 
 
 @pytest.mark.slow
-def test_weights_reach_workers_while_they_generate(sleepy):
-    sleepy.submit([_req("a", delay_s=3.0), _req("b", delay_s=3.0)])
-    time.sleep(0.3)  # both workers are inside generate now
-    start = time.monotonic()
-    sleepy.update_weights({"w": torch.full((3,), 2.0)}, model_step=7)
-    assert time.monotonic() - start < 2.0  # not queued behind the 3 s generation
+def test_weights_reach_workers_while_they_generate(sleepy, gate):
+    sleepy.submit([_req("a", gate=str(gate)), _req("b", gate=str(gate))])
+    _wait_for([gate.with_name("gate.a.started"), gate.with_name("gate.b.started")])
+    loading = threading.Thread(
+        target=sleepy.update_weights, args=({"w": torch.full((3,), 2.0)}, 7), daemon=True
+    )
+    loading.start()
+    loading.join(timeout=60)
+    # not queued behind the generation: it returned while both were still inside it
+    assert not loading.is_alive() and not gate.exists()
     assert sleepy.worker_steps() == {"worker-0": 7, "worker-1": 7}
+    gate.touch()
     assert len(_drain(sleepy)) == 2
     evaluated = sleepy.evaluate("t", [{}, {}, {}], GREEDY)
     assert evaluated == {"eval/t/n": 3.0, "eval/weight_sum": 6.0}

@@ -7,12 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from cli_runner import run_cli
 from short_runs import short_train_args
-from typer.testing import CliRunner
 
 from rltool.app.checkpoint import latest_checkpoint, load_trainer_state
-from rltool.cli.app import app
 from rltool.rollout.io import read_groups
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_async.yaml")
@@ -24,14 +22,6 @@ def _args(ckpt: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
     )
 
 
-def _run(args: list[str]):
-    before = torch.get_num_threads()
-    try:
-        return CliRunner().invoke(app, args, catch_exceptions=False)
-    finally:
-        torch.set_num_threads(before)  # async mode splits the process's threads
-
-
 def _train_lines(run_dir: Path) -> list[dict]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x for x in lines if x["kind"] == "train"]
@@ -39,7 +29,7 @@ def _train_lines(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_async_run_reports_staleness_and_overlap(tiny_checkpoint, tmp_path):
-    result = _run(_args(tiny_checkpoint, tmp_path, 3))
+    result = run_cli(_args(tiny_checkpoint, tmp_path, 3))
     assert result.exit_code == 0, result.output
     lines = _train_lines(tmp_path / "t")
     assert [x["step"] for x in lines] == [1, 2, 3]
@@ -61,13 +51,13 @@ def test_async_run_reports_staleness_and_overlap(tiny_checkpoint, tmp_path):
 def test_resumed_async_run_loses_no_buffered_group(tiny_checkpoint, tmp_path):
     # over-sampling by 1.0 draws twice what a step trains: survivors pile up in the buffer
     over = ("produce.oversample=1.0",)
-    first = _run(_args(tiny_checkpoint, tmp_path, 2, *over))
+    first = run_cli(_args(tiny_checkpoint, tmp_path, 2, *over))
     assert first.exit_code == 0, first.output
     state = load_trainer_state(latest_checkpoint(tmp_path / "t")).producer
     buffered = [json.loads(g[0])["group_id"] for g in state["buffer"]["completed"]]
     waiting = buffered + state["in_flight"]  # generated, or drawn and generating, at the save
     assert len(waiting) == 6  # topped up to one over-sampled batch ahead
-    resumed = _run(_args(tiny_checkpoint, tmp_path, 3, *over, "--resume", str(tmp_path / "t")))
+    resumed = run_cli(_args(tiny_checkpoint, tmp_path, 3, *over, "--resume", str(tmp_path / "t")))
     assert resumed.exit_code == 0, resumed.output
     step3 = read_groups(tmp_path / "t" / "rollouts" / "step_000003.jsonl")
     assert [g[0].group_id for g in step3] == waiting[:3]  # none lost, oldest first

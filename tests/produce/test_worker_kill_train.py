@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 import ray
-import torch
+from cli_runner import run_cli
 from short_runs import short_train_args
-from typer.testing import CliRunner
 
 from rltool.app import run as run_module
 from rltool.app.checkpoint import latest_checkpoint, load_trainer_state
-from rltool.cli.app import app
 from rltool.produce.backend import GroupOutcome, GroupRequest, WorkerDeath
 from rltool.produce.ray_backend import RayBackend
 from rltool.produce.ray_deaths import exit_reason
@@ -165,11 +163,7 @@ def test_killed_ray_worker_is_reported_restarted_and_loses_no_group(
         f"data.group_size={group_size}",
         "--dump-rollouts",
     )
-    before = torch.get_num_threads()
-    try:
-        result = CliRunner().invoke(app, args, catch_exceptions=False)
-    finally:
-        torch.set_num_threads(before)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     assert not ray.is_initialized(), "the run left its local Ray running"
     (drill,) = drills
@@ -187,7 +181,7 @@ def test_killed_ray_worker_is_reported_restarted_and_loses_no_group(
     assert sum(x["produce/errors"] for x in lines) == len(lost_ids)
 
     # the terminal says so once, in one line naming the worker, with the fate of its groups
-    out = " ".join(result.output.split())  # rich wraps long lines at the terminal width
+    out = result.output
     assert out.count("rollout worker-1 died") == 1, result.output
     n = len(lost_ids)
     assert "rollout worker-1 died: killed or crashed (Ray: " in out, result.output

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
-from rltool.cli.app import app
 from rltool.rollout.contract import check_sample, check_samples
 from rltool.rollout.state import RolloutState
 
@@ -56,8 +55,8 @@ def test_validate_rollouts_checks_routing_against_num_experts(tmp_path: Path) ->
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({**WORKED, "routed_experts": bad}) + "\n")
     args = ["validate-rollouts", "--format", "json", str(path)]
-    assert CliRunner().invoke(app, args).exit_code == 0  # no bound given: 7 may be an expert
-    result = CliRunner().invoke(app, [*args[:1], "--num-experts", "4", *args[1:]])
+    assert run_cli(args).exit_code == 0  # no bound given: 7 may be an expert
+    result = run_cli([*args[:1], "--num-experts", "4", *args[1:]])
     assert result.exit_code == 1, result.output
     (v,) = json.loads(result.stdout)["violations"]
     assert (v["field"], v["position"], v["invariant"]) == ("routed_experts", 2, 9)

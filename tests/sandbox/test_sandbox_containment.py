@@ -129,8 +129,8 @@ def test_network_is_unreachable(make_spec, py):
     ]
 
 
-def test_session_socket_is_the_way_out(make_spec, py, tmp_path):
-    path = tmp_path / "session.sock"
+def test_session_socket_is_the_way_out(make_spec, py, socket_dir):
+    path = socket_dir / "session.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
     server.listen()
@@ -173,8 +173,8 @@ def test_process_limit_benign(make_spec, py, live_processes):
     spec = make_spec(py(SPAWN_50), limits=SandboxLimits(max_processes=10, wall_clock_s=20))
     result = run_sandbox(spec)
     assert result.stdout == "8 42\n", result.stderr
+    # OK, not the 20 s wall clock: it did not wait for the 30 s sleeps
     assert result.status is SandboxStatus.OK
-    assert result.wall_s < 10  # did not wait for the sleeps
 
 
 def test_fork_bomb_is_contained(make_spec, py):
@@ -193,7 +193,7 @@ def test_shell_fork_bombs_are_contained(make_spec):
     # in the foreground: bash retries failed forks until the wall clock kills it all
     fg = run_sandbox(make_spec(["bash", "-c", ":(){ :|: ; }; :"], limits=limits))
     assert fg.status is SandboxStatus.LIMIT, fg.reason
-    assert "process limit (16) reached, then the wall clock" in fg.reason and fg.wall_s < 10
+    assert "process limit (16) reached, then the wall clock" in fg.reason and fg.wall_s < 60
     # in the background: the command itself still runs (it forks its sleep and the
     # bomb's subshell before the bomb grows; wait and echo are builtins), and the bomb
     # dies with it
@@ -216,8 +216,7 @@ def test_infinite_loop_hits_cpu_limit(make_spec, py):
     limits = SandboxLimits(cpu_seconds=1, wall_clock_s=20)
     result = run_sandbox(make_spec(py("while True: pass"), limits=limits))
     assert (result.status, result.signal) == (SandboxStatus.TIMEOUT, 24), result.reason
-    assert result.reason == "cpu time limit of 1 s (SIGXCPU)"
-    assert result.wall_s < 10
+    assert result.reason == "cpu time limit of 1 s (SIGXCPU)"  # not the 20 s wall clock
 
 
 def test_sleeper_hits_wall_clock(make_spec, live_processes):
@@ -226,14 +225,14 @@ def test_sleeper_hits_wall_clock(make_spec, live_processes):
     assert result.status is SandboxStatus.TIMEOUT
     assert result.exit_code is None and result.signal == 9
     assert result.stdout == "before\n"
-    assert 1.0 <= result.wall_s < 5
+    assert 1.0 <= result.wall_s < 60  # generous: without the limit it sleeps for days
     assert live_processes("987651") == []
 
 
 def test_command_that_closes_its_output_still_times_out(make_spec, live_processes):
     limits = SandboxLimits(wall_clock_s=1.0)
     result = run_sandbox(make_spec(["sh", "-c", "exec >&- 2>&-; sleep 987661"], limits=limits))
-    assert result.status is SandboxStatus.TIMEOUT and 1.0 <= result.wall_s < 5
+    assert result.status is SandboxStatus.TIMEOUT and 1.0 <= result.wall_s < 60
     assert live_processes("sleep\x00987661") == []
 
 
@@ -270,7 +269,7 @@ def test_background_process_is_killed_when_command_exits(make_spec, live_process
     spec = make_spec(["sh", "-c", "sleep 987652 & sleep 987653 & echo started"])
     result = run_sandbox(spec)
     assert (result.status, result.stdout) == (SandboxStatus.OK, "started\n")
-    assert result.wall_s < 5
+    assert result.wall_s < 60  # generous: waiting for the sleeps would take days
     assert live_processes("98765") == []
 
 

@@ -42,8 +42,8 @@ def test_spec_rejects(kwargs, message):
         SandboxSpec(**kwargs)
 
 
-def test_spec_accepts_a_unix_socket(tmp_path):
-    path = tmp_path / "s.sock"
+def test_spec_accepts_a_unix_socket(socket_dir):
+    path = socket_dir / "s.sock"
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(path))
         spec = SandboxSpec(command=["true"], socket_path=path)

@@ -142,7 +142,7 @@ def test_a_non_loopback_bind_needs_an_api_key_and_checks_it(tokenizer):
         assert r.choices[0].message.content == "hi"
 
 
-def test_stop_leaves_no_thread_socket_or_socket_file(tokenizer, tmp_path):
+def test_stop_leaves_no_thread_socket_or_socket_file(tokenizer, socket_dir):
     def fds() -> set[tuple[str, str]]:  # (fd, what it is): a reused number reads differently
         out = set()
         for fd in os.listdir("/proc/self/fd"):
@@ -152,7 +152,7 @@ def test_stop_leaves_no_thread_socket_or_socket_file(tokenizer, tmp_path):
 
     gc.collect()
     threads, before = set(threading.enumerate()), fds()
-    sock = tmp_path / "s.sock"
+    sock = socket_dir / "s.sock"
     with SessionServer(FixedReplyEngine(tokenizer), tokenizer, unix_socket=sock) as server:
         server.open_session("z")
         with httpx.Client() as http:

@@ -168,8 +168,8 @@ def test_non_canonical_sampled_tokens_keep_the_session_in_one_segment(tokenizer)
     assert check_sample(state) == []
 
 
-def test_unix_socket_serves_the_official_client(tokenizer, tmp_path):
-    sock = tmp_path / "rl.sock"
+def test_unix_socket_serves_the_official_client(tokenizer, socket_dir):
+    sock = socket_dir / "rl.sock"
     engine = ScriptedEngine(tokenizer, ["hello"])
     with SessionServer(engine, tokenizer, unix_socket=sock) as server:
         server.open_session("u1")

@@ -410,6 +410,7 @@ def test_weight_half_halves_the_advantage() -> None:
         [group()], ConversionConfig(pack_max_length=8, task_adv_weight={"t": 0.5})
     )
     assert [s.advantage for s in half.samples] == [s.advantage / 2 for s in full.samples]
+    # halving is exact in floating point: bit-equal
     assert half.packs[0].advantages.tolist() == (full.packs[0].advantages / 2).tolist()
 
 

@@ -79,8 +79,9 @@ def test_wrong_position_ids_leak_across_samples(attn: str) -> None:
         pack.position_ids = torch.arange(len(pack))
         wrong, _ = forward_logprobs(model, pack, 1.0, False)
     first = int(pack.cu_seq_lens[1])
-    assert torch.equal(right[:first], wrong[:first])  # causal: sample 1 is unaffected
-    assert (right[first:] - wrong[first:]).abs().max() > 1e-3
+    # causal: sample 1 is unaffected, up to the last bits of another mask
+    torch.testing.assert_close(right[:first], wrong[:first], atol=1e-5, rtol=0)
+    assert (right[first:] - wrong[first:]).abs().max() > 1e-3  # 100x that tolerance
 
 
 def test_use_cache_true_leaks_across_samples() -> None:

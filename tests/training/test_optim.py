@@ -90,7 +90,7 @@ def test_state_dicts_resume_exactly() -> None:
     _train(resumed, opt_r, sched_r, 2)
     assert opt_r.param_groups[0]["lr"] == opt_a.param_groups[0]["lr"]
     for p, q in zip(a.parameters(), resumed.parameters(), strict=True):
-        assert torch.equal(p, q)
+        assert torch.equal(p, q)  # the same updates on the same shapes from exact copies
 
 
 def test_warm_start_takes_moments_but_keeps_recipe_hyperparameters(tmp_path) -> None:

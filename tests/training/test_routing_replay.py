@@ -132,6 +132,9 @@ def test_replay_with_unchanged_routing_is_identical_to_no_replay(arch, tokenizer
         with replaying(model, routers, own) as seen:
             replayed = forward_logprobs(model, p, 1.0, False)[0]
     assert not seen.differs.any()
+    # Bit-equal by construction: the same forward on the same pack, and the replayed gates
+    # are the router's own operations (float32 softmax, the same experts in the same order,
+    # the same renormalising sum) on the same router logits.
     assert torch.equal(plain, replayed)
 
 
