@@ -204,7 +204,8 @@ def _render_sample(
         title += f", mean |Δ| {summary['mean_abs_delta']:.4f}, max {summary['max_abs_delta']:.4f}"
     if summary["routing_differs_frac"] is not None:
         title += f", routing differs at {summary['routing_differs_frac']:.0%}"
-    table = Table(title=title, title_justify="left")
+    console.print(Text(title, style="metric"))
+    table = Table()
     columns = ["pos", "token", "rollout", "trainer", "Δ"]
     columns += ["weight"] if s.weights is not None else []
     columns += ["masked"] if s.masked is not None else []
