@@ -307,7 +307,9 @@ class PolicyUpdater:
             return None, None
         weight = None
         if spec.weights is not None:
-            weight = rc.weight if self._norm == 1.0 else rc.weight / self._norm  # [N]
+            weight = rc.weight  # [N]; batch-normalised on eligible tokens only
+            if self._norm != 1.0:
+                weight = torch.where(rc.eligible, weight / self._norm, weight)
             sums["tis_weight"] += weight[mask].sum()
         keep = rc.keep if spec.reject else None
         if spec.opsm_delta is not None:
