@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rltool.config.checks import check_values
+from rltool.config.correction import correction_problems
 from rltool.config.schema import RecipeConfig
 
 CONFIGS_DIRNAME = "configs"
@@ -55,13 +56,16 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RecipeConfig
 
 
 def check_recipe_values(cfg: RecipeConfig, source: str) -> None:
-    """ValueError listing every numeric key out of its range (``source`` names the recipe)."""
-    problems = check_values(cfg)
+    """ValueError listing every numeric key out of its range, and every threshold of the wrong
+    form in ``algorithm.rollout_correction`` (``source`` names the recipe)."""
+    ranges, forms = check_values(cfg), correction_problems(cfg.algorithm)
+    problems = ranges + forms
     if len(problems) == 1:
         raise ValueError(f"{source}: {problems[0]}")
     if problems:
         lines = "\n".join(f"  {p}" for p in problems)
-        raise ValueError(f"{source}: {len(problems)} values out of range:\n{lines}")
+        what = "bad values" if forms else "values out of range"
+        raise ValueError(f"{source}: {len(problems)} {what}:\n{lines}")
 
 
 def recipe_to_yaml(cfg: RecipeConfig) -> str:
@@ -247,6 +251,9 @@ def _apply(
             raise ValueError(_unknown_key_message(full, str(key), fields, source))
         typ = fields[key]
         if dataclasses.is_dataclass(typ):
+            shorthand = getattr(typ, "SHORTHAND", None)  # `section=name` for `section.<key>=name`
+            if shorthand is not None and isinstance(value, str):
+                value = {shorthand: value}
             if value is None:  # an empty section (`trainer:` with every key commented out)
                 continue
             if not isinstance(value, dict):
