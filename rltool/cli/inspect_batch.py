@@ -150,10 +150,10 @@ class BakeResult:
 
 
 def _mismatch_view(
-    batch: TrainBatch, indices: list[int], model: Path, replay: bool | None
+    batch: TrainBatch, indices: list[int], model: Path, replay: bool | None, correction: str | None
 ) -> MismatchView:
     try:
-        return mismatch_view(batch, indices, model, replay)
+        return mismatch_view(batch, indices, model, replay, correction)
     except ValueError as exc:  # no checkpoint, not a model, replay without routing
         raise UserError(str(exc), 2) from exc
 
@@ -261,6 +261,14 @@ def inspect_batch(
             "Default: the run's algorithm.routing_replay; off for a model directory.",
         ),
     ] = None,
+    rollout_correction: Annotated[
+        str | None,
+        typer.Option(
+            help="With --model: show this correction preset's weights and rejections (token_tis, "
+            "seq_tis, seq_mis, geo_rs, k3_rs, icepop) instead of the run's "
+            "algorithm.rollout_correction.",
+        ),
+    ] = None,
 ) -> None:
     """Convert rollouts exactly as training would and show the packed batch token by token.
 
@@ -309,7 +317,7 @@ def inspect_batch(
             except ValueError as exc:
                 raise UserError(str(exc), 1) from exc
         if model is not None:  # the per-token mismatch view (inspect_mismatch.py)
-            mismatch = _mismatch_view(batch, indices, model, replay_routing)
+            mismatch = _mismatch_view(batch, indices, model, replay_routing, rollout_correction)
         tok = source.tokenizer
         if tokenizer is not None and output_format == OutputFormat.RICH:
             tok = _load_tokenizer(tokenizer)

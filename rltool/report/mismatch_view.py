@@ -78,6 +78,8 @@ def gather_mismatch(
                 rollout_logprobs=rollout,
                 trainer_logprobs=rec.logprobs[where],
                 routing_layers=layers,
+                weights=None if rec.weights is None else rec.weights[where],
+                masked=None if rec.masked is None else rec.masked[where],
             )
         )
     return out
@@ -224,7 +226,7 @@ def _render_sample(
             _num(d),
         ]
         if s.weights is not None:
-            row.append(f"{float(s.weights[k]):.4f}")
+            row.append(f"{float(s.weights[k]):.4g}")
         if s.masked is not None:
             row.append("masked" if s.masked[k] else "")
         if s.routing_layers is not None:

@@ -3,10 +3,11 @@ inspect-batch --model``), and where MoE routing the model picks disagrees with t
 
 The forward is the updater's own (``forward_logprobs`` on each packed row, at the sampling
 temperature), so the logprob shown is the ``old_logp`` the loss would compare with the
-rollout's. With ``replay`` the recorded experts route the forward (as
-``algorithm.routing_replay`` does in training); the disagreement is always measured on a
-forward where the model routes by itself: per position and MoE layer, whether the router's
-top-k set differs from the recorded one.
+rollout's; the correction's weights and rejection are the updater's too
+(``rollout_correction.correct_row`` on those logprobs). With ``replay`` the recorded
+experts route the forward (as ``algorithm.routing_replay`` does in training); the
+disagreement is always measured on a forward where the model routes by itself: per position
+and MoE layer, whether the router's top-k set differs from the recorded one.
 
 Shape legend: N = positions of a packed row, L = MoE layers, k = experts per token.
 Design: docs/inspect.md#where-the-mismatch-lives
@@ -19,10 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rltool.config.correction import CorrectionSpec
 from rltool.moe import Routers, find_routers, recording, replaying
 from rltool.rollout.routing import NOT_ROUTED
+from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.batch import Pack
 from rltool.training.logprobs import check_attention, forward_logprobs
+from rltool.training.rollout_correction import batch_norm_factor, correct_row
 
 
 @dataclass(slots=True)
@@ -33,6 +37,8 @@ class PackRecompute:
     # [N, L] bool: the router's own top-k differs from the recorded experts at that layer
     # (False where the row was never routed); None for a dense model or a row without routing
     routing_differs: np.ndarray | None = None
+    weights: np.ndarray | None = None  # [N] the correction's IS weight; None: no weights
+    masked: np.ndarray | None = None  # [N] bool, a rejection criterion drops the token
 
 
 def routing_disagreement(own: torch.Tensor, recorded: torch.Tensor) -> np.ndarray:
@@ -79,3 +85,27 @@ def recompute_packs(
             differs = routing_disagreement(own, recorded.cpu())  # [N, L]
             out.append(PackRecompute(logp.double().cpu().numpy(), differs))
     return out
+
+
+def correct_packs(packs: list[Pack], recomputed: list[PackRecompute], spec: CorrectionSpec) -> None:
+    """Fill each PackRecompute's ``weights`` and ``masked`` as the updater's correction makes
+    them from these old logprobs (``rollout_correction.correct_row``), weights divided by
+    the batch-normalisation factor over the given packs (pass every pack of the step when
+    ``spec.batch_normalize``). OPSM is not shown: it compares with the current logprobs,
+    which equal the old ones on the first update, where it drops nothing."""
+    rows = []
+    for pack, rec in zip(packs, recomputed, strict=True):
+        old = torch.from_numpy(rec.logprobs).float()  # [N]
+        mask = pack.targets != IGNORE_INDEX  # [N]
+        rows.append(
+            correct_row(
+                old, pack.rollout_logprobs, mask, pack.has_rollout_logprobs, pack.cu_seq_lens, spec
+            )
+        )
+    norm = batch_norm_factor(rows, spec.weights) if spec.batch_normalize else 1.0
+    for rc, rec in zip(rows, recomputed, strict=True):
+        if spec.weights is not None:
+            weight = torch.where(rc.eligible, rc.weight / norm, rc.weight)  # [N]
+            rec.weights = weight.double().numpy()
+        if spec.reject:
+            rec.masked = (~rc.keep & rc.eligible).numpy()  # [N]

@@ -5,6 +5,7 @@ models; expected values from an independent plain forward)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -82,13 +83,15 @@ def test_dense_model_logprobs_match_a_plain_forward(tiny_checkpoint, tmp_path):
     samples = write_samples(tmp_path / "r.jsonl")
     got = inspect_json(tmp_path / "r.jsonl", tiny_checkpoint)
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
-    assert got["model"] == {
+    assert {k: v for k, v in got["model"].items() if k != "rollout_correction"} == {
         "path": str(tiny_checkpoint),
         "step": None,
         "temperature": 1.0,
         "routing_replay": False,
         "moe_layers": None,
     }
+    # the recipe default: tis_cap 2.0, i.e. token_tis
+    assert got["model"]["rollout_correction"]["weights"] == "token"
     assert [s["rollout_id"] for s in got["samples"]] == ["a", "b"]
     for s in got["samples"]:
         ids = samples[s["rollout_id"]]
@@ -99,12 +102,39 @@ def test_dense_model_logprobs_match_a_plain_forward(tiny_checkpoint, tmp_path):
         want = plain_logprobs(model, ids)[2:]
         assert s["trainer_logprobs"] == pytest.approx(want, abs=1e-5)
         assert s["delta"] == pytest.approx([w + 1.0 for w in want], abs=1e-5)
-        assert s["routing_layers_differ"] is None and s["weights"] is None
+        assert s["routing_layers_differ"] is None and s["masked"] is None
+        assert s["weights"] == pytest.approx([min(math.exp(d), 2.0) for d in s["delta"]], abs=1e-6)
     worst = got["worst"]
     assert len(worst) == 5 and abs(worst[0]["delta"]) >= abs(worst[-1]["delta"])
     assert {"rollout_id", "position", "token_id", "delta"} <= set(worst[0])
     one = inspect_json(tmp_path / "r.jsonl", tiny_checkpoint, "--limit", "1")
     assert [s["rollout_id"] for s in one["samples"]] == ["a"]
+
+
+def test_correction_columns_are_the_updaters(tiny_checkpoint, tmp_path):
+    """token_tis: w = min(exp(Δ), 2) per token; seq_mis: w = min(exp(sum Δ), 2) for every
+    token of the sample, rejected whole when sum -Δ is outside [log 0.5, log 2]."""
+    write_samples(tmp_path / "r.jsonl")
+    tis = inspect_json(tmp_path / "r.jsonl", tiny_checkpoint, "--rollout-correction", "token_tis")
+    assert tis["model"]["rollout_correction"]["weights"] == "token"
+    for s in tis["samples"]:
+        want = [min(math.exp(d), 2.0) for d in s["delta"]]
+        assert s["weights"] == pytest.approx(want, rel=1e-4, abs=1e-6)
+        assert s["masked"] is None
+    mis = inspect_json(tmp_path / "r.jsonl", tiny_checkpoint, "--rollout-correction", "seq_mis")
+    for s in mis["samples"]:
+        total = sum(s["delta"])  # a random model: far below the rollout's -1.0 per token
+        assert total < math.log(0.5)
+        want = min(math.exp(max(total, -20.0)), 2.0)
+        assert s["weights"] == pytest.approx([want] * len(s["delta"]), rel=1e-4, abs=1e-6)
+        assert s["masked"] == [True] * len(s["delta"])
+    bad = CliRunner().invoke(
+        app,
+        ["inspect-batch", str(tmp_path / "r.jsonl"), "--model", str(tiny_checkpoint),
+         "--rollout-correction", "nope"],
+        env={"COLUMNS": "300"},
+    )  # fmt: skip
+    assert bad.exit_code == 2 and "algorithm.rollout_correction" in bad.stderr
 
 
 def test_moe_routing_disagreement_per_token_and_replay(moe_dir, tmp_path):
