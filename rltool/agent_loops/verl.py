@@ -274,6 +274,7 @@ class VerlAgentLoop(AgentLoop):
                 default_step=self.engine.model_step,
             )
             num_turns = int(getattr(out, "num_turns", 0))
+            state.routed_experts = run.server.routed_experts(fields.input_ids)  # [T, L, k]
         except (AttributeError, ValueError, TypeError) as exc:
             self._metrics["verl/failed"] += 1
             return state.fail(f"verl: bad loop output ({exc})")

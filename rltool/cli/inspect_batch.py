@@ -24,6 +24,7 @@ import numpy as np
 import typer
 from rich.text import Text
 
+from rltool.cli.inspect_mismatch import MismatchView, mismatch_view, show_mismatch
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.metric_names import EXPIRED_SAMPLES, STALE_TOKENS
@@ -162,6 +163,15 @@ class BakeResult:
     expired: int  # samples of the groups that expired (not trained), as the producer counts
 
 
+def _mismatch_view(
+    batch: TrainBatch, indices: list[int], model: Path, replay: bool | None, correction: str | None
+) -> MismatchView:
+    try:
+        return mismatch_view(batch, indices, model, replay, correction)
+    except ValueError as exc:  # no checkpoint, not a model, replay without routing
+        raise UserError(str(exc), 2) from exc
+
+
 def bake_groups(
     groups: list[list[RolloutState]], train_step: int, limits: StalenessLimits
 ) -> BakeResult:
@@ -239,6 +249,31 @@ def inspect_batch(
             "recorded and as its packed row replays them."
         ),
     ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="PATH_OR_RUN: recompute the trainer's logprobs with this model directory (or "
+            "a run's newest checkpoint) and show them beside the rollout's, token by token.",
+        ),
+    ] = None,
+    replay_routing: Annotated[
+        bool | None,
+        typer.Option(
+            "--replay-routing/--no-replay-routing",
+            help="With --model on an MoE model: route the recompute by the recorded experts. "
+            "Default: the run's algorithm.routing_replay; off for a model directory.",
+        ),
+    ] = None,
+    rollout_correction: Annotated[
+        str | None,
+        typer.Option(
+            help="With --model: show this correction preset's weights and rejections (token_tis, "
+            "seq_tis, seq_mis, geo_rs, k3_rs, icepop) instead of the run's "
+            "algorithm.rollout_correction.",
+        ),
+    ] = None,
 ) -> None:
     """Convert rollouts exactly as training would and show the packed batch token by token.
 
@@ -286,6 +321,8 @@ def inspect_batch(
                 )
             except ValueError as exc:
                 raise UserError(str(exc), 1) from exc
+        if model is not None:  # the per-token mismatch view (inspect_mismatch.py)
+            mismatch = _mismatch_view(batch, indices, model, replay_routing, rollout_correction)
         tok = source.tokenizer
         if tokenizer is not None and output_format == OutputFormat.RICH:
             tok = _load_tokenizer(tokenizer)
@@ -293,7 +330,12 @@ def inspect_batch(
         # Text, not markup: messages hold brackets (field[3], lists)
         make_console(stderr=True).print(Text.assemble(("error:", "error"), f" {exc}"))
         raise typer.Exit(exc.code) from exc
+    if model is not None:
+        tok = tok if tok is not None else mismatch.tokenizer
     decode: Decoder | None = None if tok is None else tokenizer_decoder(tok)
+    if model is not None:
+        show_mismatch(mismatch, output_format == OutputFormat.JSON, decode)
+        return
     if routing is not None:
         if output_format == OutputFormat.JSON:
             typer.echo(json.dumps(token_routing))

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rltool.config.checks import check_values
+from rltool.config.correction import correction_problems
 from rltool.config.schema import RecipeConfig
 
 CONFIGS_DIRNAME = "configs"
@@ -55,9 +56,10 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RecipeConfig
 
 
 def check_recipe_values(cfg: RecipeConfig, source: str) -> None:
-    """ValueError listing every key out of its range or not one of its names (``source``
-    names the recipe)."""
-    raise_problems(check_values(cfg), source)
+    """ValueError listing every key out of its range or not one of its names, and every
+    threshold of the wrong form in ``algorithm.rollout_correction`` (``source`` names the
+    recipe)."""
+    raise_problems(check_values(cfg) + correction_problems(cfg.algorithm), source)
 
 
 def raise_problems(problems: list[str], source: str) -> None:
@@ -252,6 +254,9 @@ def _apply(
             raise ValueError(_unknown_key_message(full, str(key), fields, source))
         typ = fields[key]
         if dataclasses.is_dataclass(typ):
+            shorthand = getattr(typ, "SHORTHAND", None)  # `section=name` for `section.<key>=name`
+            if shorthand is not None and isinstance(value, str):
+                value = {shorthand: value}
             if value is None:  # an empty section (`trainer:` with every key commented out)
                 continue
             if not isinstance(value, dict):

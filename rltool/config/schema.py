@@ -8,7 +8,7 @@ recipe gets when it says nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -166,6 +166,36 @@ class DistillConfig:
 
 
 @dataclass
+class RejectionConfig:
+    """One criterion of ``algorithm.rollout_correction.reject`` (docs/losses.md)."""
+
+    criterion: str = ""  # token_k1..k3 | seq_sum_k1..k3 | seq_mean_k1..k3 | seq_max_k1..k3
+    # k1 criteria bound the ratio old/rollout: both; k2/k3 bound a divergence: upper only
+    lower: float | None = None
+    upper: float | None = None
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """``algorithm.rollout_correction``: between the engine's and the trainer's logprobs.
+
+    ``algorithm.rollout_correction=seq_mis`` is short for ``{preset: seq_mis}``; a preset
+    fills the keys left empty here. Resolved and checked in ``config/correction.py``."""
+
+    SHORTHAND: ClassVar[str] = "preset"
+
+    preset: str = ""  # "" | token_tis | seq_tis | seq_mis | geo_rs | k3_rs | icepop (verl's)
+    weights: str = ""  # "" = the preset's (none without one) | none | token | sequence
+    weight_upper: float | None = None  # truncation of the weights (null = the preset's, or 2)
+    weight_lower: float | None = None  # IcePop: weights outside [lower, upper] become 0
+    batch_normalize: bool = False  # weights divided by their mean over the step's batch
+    # chained rejection: a token stays only if every criterion keeps it; [] = the preset's
+    reject: list[RejectionConfig] = field(default_factory=list)
+    # OPSM: drop samples with advantage < 0 whose mean KL(old || current) exceeds it
+    opsm_delta: float | None = None
+
+
+@dataclass
 class AlgorithmConfig:
     estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp
     task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
@@ -177,6 +207,8 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3
     entropy_coef: float = 0.0
     tis_cap: float | None = 2.0  # truncated IS between rollout and trainer logprobs; None = off
+    # the general form (token_tis = tis_cap); when it sets weights or rejection, tis_cap is unused
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per train step
     # staleness (data-contract section 6); None = no limit

@@ -1,17 +1,10 @@
 """The rollout-engine interface: token ids in, token ids and logprobs out, weights in.
 
-<<<<<<< HEAD
-Every engine (in-process Hugging Face ``hf.py``, vLLM ``vllm.py``, OpenAI-compatible
-servers ``openai_server.py``) implements ``RolloutEngine``; the producer, the agent
-loops and the batchers call nothing else on it. Engines are built by name through
-``rltool.engines.registry``. Shape legend: R = generated tokens of one sequence.
-=======
 Every engine (in-process Hugging Face, vLLM, OpenAI-compatible servers) implements
 ``RolloutEngine``; the producer, the agent loops and the batchers call nothing else on
 it. Engines are built by name through ``rltool.engines.registry``; the ones that hold
 their own copy of the weights share ``rltool.engines.chunked``. Shape legend: R =
 generated tokens of one sequence.
->>>>>>> t19d
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine
+from rltool.rollout.routing import NOT_ROUTED
 
 Decode = Callable[[list[int]], str]  # token ids -> text, as the engine's Generation.text
 
@@ -31,12 +32,18 @@ def cut(gen: Generation, max_new_tokens: int, decode: Decode) -> Generation:
     if len(gen.token_ids) <= max_new_tokens:
         return gen
     tokens = gen.token_ids[:max_new_tokens]
+    routed = None
+    if gen.routed_experts is not None:  # [C + R, L, k] -> [C + max_new_tokens, L, k]
+        routed = gen.routed_experts[: len(gen.routed_experts) - len(gen.token_ids) + len(tokens)]
+        routed = routed.copy()
+        routed[-1] = NOT_ROUTED  # the new last token is no longer fed back
     return Generation(
         token_ids=tokens,
         logprobs=gen.logprobs[:max_new_tokens],
         model_steps=gen.model_steps[:max_new_tokens],
         finish_reason="length",
         text=decode(tokens),
+        routed_experts=routed,
     )
 
 

@@ -17,6 +17,7 @@ from rltool.app.run_reader import (
     matching_keys,
     series,
 )
+from rltool.training.rollout_correction import ABS_DIFF_P99, KL_K1, KL_K3, LOG_PPL_RATIO
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,17 @@ CHARTS: tuple[ChartSpec, ...] = (
         (
             TraceSpec(TRAIN, mn.ACTOR_KL, "policy vs reference"),
             TraceSpec(TRAIN, mn.ACTOR_ROLLOUT_KL, "rollout vs trainer"),
+        ),
+    ),
+    ChartSpec(
+        "mismatch",
+        "Rollout vs trainer mismatch (engine logprobs against the trainer's)",
+        "nats",
+        (
+            TraceSpec(TRAIN, KL_K3, "KL k3 (rollout || trainer)"),
+            TraceSpec(TRAIN, KL_K1, "KL k1"),
+            TraceSpec(TRAIN, LOG_PPL_RATIO, "log perplexity ratio"),
+            TraceSpec(TRAIN, ABS_DIFF_P99, "|Δlogp| p99"),
         ),
     ),
     ChartSpec(

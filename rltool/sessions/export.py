@@ -11,6 +11,9 @@ advantages treat the session as one cluster):
     response_model_steps: a generated token keeps its engine step; an
         environment token takes the step of the last generated token before it,
         or of the first generated token after it when none precedes it.
+    routed_experts [T, L, k] (MoE, when the engine records routing): each turn's
+        routing stitched as its tokens are; a row holds the routing of the turn
+        that first fed the token (``rollout.routing.stitch_turns``).
 
 Every segment gets the session's reward. A session whose engine failed exports
 FAILED segments carrying the error: the agent did not finish, so its reward
@@ -24,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rltool.rollout.routing import stitch_turns
 from rltool.rollout.state import RolloutState, Status
 from rltool.sessions.session import ENV_STEP, Segment, Session
 
@@ -62,7 +66,15 @@ def _segment_state(
         logprobs=seg.logprobs,
         response_model_steps=steps_T[p:],
     )
-    return state if session.error is None else state.fail(session.error)
+    if session.error is not None:
+        return state.fail(session.error)
+    if seg.routings and len(seg.routings) != seg.num_turns:
+        return state.fail(
+            f"the engine recorded MoE routing for {len(seg.routings)} of {seg.num_turns} turns"
+        )
+    if seg.routings:
+        state.routed_experts = stitch_turns(len(seg.ids), seg.routings)  # [T, L, k]
+    return state
 
 
 def export(

@@ -35,6 +35,8 @@ class Segment:
     messages: list[dict[str, Any]] = field(default_factory=list)  # last request + its reply
     reply_text: str | None = None  # text of the last generation
     finish_reason: str | None = None  # of the last generation
+    # per generation that recorded MoE routing, its [C + n, L, k] (context + generated tokens)
+    routings: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int]) -> Segment:
@@ -55,6 +57,13 @@ class Segment:
                 f"engine returned {n} tokens, {len(gen.logprobs)} logprobs and "
                 f"{len(gen.model_steps)} model steps; the engine must return one of each per token"
             )
+        if gen.routed_experts is not None:
+            if len(gen.routed_experts) != len(self.ids) + n:
+                raise ValueError(
+                    f"engine returned routing for {len(gen.routed_experts)} positions; the turn "
+                    f"has {len(self.ids)} context and {n} generated tokens"
+                )
+            self.routings.append(gen.routed_experts)
         self.ids += gen.token_ids
         self.labels += gen.token_ids
         self.logprobs += gen.logprobs

@@ -135,6 +135,13 @@ def reduce_sums(sums: dict[str, torch.Tensor], shard: Shard) -> dict[str, torch.
     return dict(zip(names, stacked, strict=True))
 
 
+def gather_objects(obj: Any, shard: Shard) -> list[Any]:
+    """Every rank's ``obj`` (picklable, on the CPU), in rank order."""
+    out: list[Any] = [None] * shard.world_size
+    dist.all_gather_object(out, obj, group=shard.objects)
+    return out
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly sharded) parameter or gradient norm."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -31,6 +31,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from rltool import metric_names as mn
+from rltool.config.correction import resolve_correction
 from rltool.config.schema import AlgorithmConfig, DistillConfig
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
@@ -42,10 +43,18 @@ from rltool.training.losses import (
     count_tokens_and_seqs,
     kl_penalty,
     ppo_policy_loss,
-    tis_weights,
+)
+from rltool.training.rollout_correction import (
+    OPSM_FRAC,
+    OPSM_SEQ_FRAC,
+    RowCorrection,
+    batch_norm_factor,
+    correct_row,
+    mismatch_metrics,
+    opsm_keep,
 )
 from rltool.training.routing_replay import RoutingReplay
-from rltool.training.sharding import Shard, full_tensor, rank_slots, reduce_sums
+from rltool.training.sharding import Shard, full_tensor, gather_objects, rank_slots, reduce_sums
 
 
 def split_mini_batches(sizes: list[int], n: int) -> list[list[int]]:
@@ -101,6 +110,8 @@ class PolicyUpdater:
             raise ValueError("algorithm.kl_coef > 0 needs a reference model (ref_model)")
         # the algorithm's values were checked when the recipe loaded (config/checks.py)
         assert temperature > 0, temperature
+        self.correction = resolve_correction(algo)  # weights and rejection (rollout_correction.py)
+        self._norm = 1.0  # this step's batch-normalisation factor of the weights
         self.distill = distill or DistillConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.algo, self.ref_model = algo, ref_model
@@ -156,7 +167,16 @@ class PolicyUpdater:
         # the loss is normalised over the whole step; FSDP averages gradients over ranks
         scale = 1.0 if self.shard is None else float(self.shard.world_size)
         on_policy = algo.ppo_epochs * len(groups) == 1
-        old = None if on_policy else self._logprobs_no_grad(self.model, packs, rows)
+        spec = self.correction
+        # old for every row before the loop; on-policy only when batch-normalised weights need
+        # the whole step's weights first (otherwise each row's correction comes with its forward)
+        need_old = not on_policy or (spec.batch_normalize and spec.weights is not None)
+        old = self._logprobs_no_grad(self.model, packs, rows) if need_old else None
+        live_rows = sorted({i for group_slots in slots for i, live in group_slots if live})
+        corr = {i: self._correct(packs[i], old[i]) for i in live_rows} if old is not None else {}
+        self._norm = 1.0
+        if spec.batch_normalize:
+            self._norm = batch_norm_factor(self._gathered(corr), spec.weights)
         ref = self._logprobs_no_grad(self.ref_model, packs, rows) if algo.kl_coef > 0 else None
         lr = float(self.optimizer.param_groups[0]["lr"])
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=device))
@@ -173,14 +193,32 @@ class PolicyUpdater:
                     into = sums if live else defaultdict(lambda: torch.zeros((), device=device))
                     with self._routed(self.model, packs[i], i):
                         loss = self._micro_loss(
-                            packs[i], mask, old_i, ref_i, num_tokens, num_seqs, into
-                        )
+                            packs[i], mask, old_i, ref_i, num_tokens, num_seqs, into,
+                            corr if live else {}, i,
+                        )  # fmt: skip
                     (loss * scale if scale != 1.0 else loss).backward()
                 grad_norms.append(self._optimizer_step())
         self.scheduler.step()
         if self.shard is not None:
             sums = reduce_sums(sums, self.shard)
-        return self._metrics(sums, grad_norms, lr, algo.ppo_epochs * len(groups))
+        mismatch = mismatch_metrics(self._gathered(corr), spec, self._norm)
+        return self._metrics(sums, grad_norms, lr, algo.ppo_epochs * len(groups)) | mismatch
+
+    def _correct(self, pack: Pack, old: torch.Tensor) -> RowCorrection:
+        device = old.device
+        mask = pack.targets.to(device) != IGNORE_INDEX  # [N]
+        return correct_row(
+            old, pack.rollout_logprobs.to(device), mask, pack.has_rollout_logprobs.to(device),
+            pack.cu_seq_lens.to(device), self.correction,
+        )  # fmt: skip
+
+    def _gathered(self, corr: dict[int, RowCorrection]) -> list[RowCorrection]:
+        """Every rank's row corrections, in row order (each rank corrected its own rows)."""
+        if self.shard is None:
+            return [corr[i] for i in sorted(corr)]
+        parts = gather_objects({i: c.cpu() for i, c in corr.items()}, self.shard)
+        merged = {i: c for part in parts for i, c in part.items()}
+        return [merged[i] for i in sorted(merged)]
 
     def _micro_loss(
         self,
@@ -191,8 +229,11 @@ class PolicyUpdater:
         num_tokens: int,
         num_seqs: int,
         sums: dict[str, torch.Tensor],
+        corr: dict[int, RowCorrection],
+        row: int,
     ) -> torch.Tensor:
-        """This pack's share of the mini-batch loss; adds token sums of the metrics to ``sums``."""
+        """This pack's share of the mini-batch loss; adds token sums of the metrics to ``sums``.
+        ``corr``: the rows' rollout corrections; this row's is added when missing (on-policy)."""
         algo, device = self.algo, mask.device
         # student_K: the student's logprobs at a top-k pack's teacher ids, else None
         logp, entropy, student_K = forward_logprobs_distill(
@@ -204,12 +245,15 @@ class PolicyUpdater:
         pg = pl.pg  # [N]
         rollout = pack.rollout_logprobs.to(device)  # [N]
         has_rollout = pack.has_rollout_logprobs.to(device)  # [N], from conversion
-        if algo.tis_cap is not None:
-            weight = tis_weights(old, rollout, algo.tis_cap, has_rollout)  # [N]
+        if row not in corr and mask.any():  # padding slots (mask all off) are not corrected
+            corr[row] = self._correct(pack, old)
+        weight, keep = self._weight_and_keep(pack, corr.get(row), logp, mask, sums)  # [N] each
+        if weight is not None:
             pg = pg * weight
-            sums["tis_weight"] += weight[mask].sum()
 
         def agg(x: torch.Tensor) -> torch.Tensor:
+            # a rejected token leaves the loss, not the counts the aggregation divides by
+            x = x if keep is None else torch.where(keep, x, torch.zeros_like(x))
             return aggregate(
                 x, mask, pack.cu_seq_lens.to(device), algo.loss_agg, num_tokens, num_seqs,
                 self.norm_len,
@@ -240,6 +284,41 @@ class PolicyUpdater:
         sums["rollout_tokens"] += live.sum()
         return loss
 
+    def _weight_and_keep(
+        self,
+        pack: Pack,
+        rc: RowCorrection | None,
+        logp: torch.Tensor,
+        mask: torch.Tensor,
+        sums: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This row's IS weight [N] (None: no weights) and keep mask [N] (None: nothing
+        rejected), OPSM included (it compares old with the current logp)."""
+        spec = self.correction
+        if rc is None:  # no supervised token in this slot
+            return None, None
+        weight = None
+        if spec.weights is not None:
+            weight = rc.weight  # [N]; batch-normalised on eligible tokens only
+            if self._norm != 1.0:
+                weight = torch.where(rc.eligible, weight / self._norm, weight)
+            sums["tis_weight"] += weight[mask].sum()
+        keep = rc.keep if spec.reject else None
+        if spec.opsm_delta is not None:
+            kept = opsm_keep(
+                rc.old, logp, pack.advantages.to(logp.device), rc.eligible,
+                pack.cu_seq_lens.to(logp.device), spec.opsm_delta,
+            )  # fmt: skip
+            dropped = ~kept & rc.eligible  # [N]
+            n_S = torch.bincount(rc.seq[rc.eligible], minlength=rc.num_samples + 1)
+            d_S = torch.bincount(rc.seq[dropped], minlength=rc.num_samples + 1)
+            sums["opsm_dropped"] += dropped.sum()
+            sums["opsm_tokens"] += rc.eligible.sum()
+            sums["opsm_dropped_seqs"] += (d_S > 0).sum()
+            sums["opsm_seqs"] += (n_S > 0).sum()
+            keep = kept if keep is None else keep & kept
+        return weight, keep
+
     def _optimizer_step(self) -> float:
         """Clip, step, zero; a non-finite gradient skips the step (reported as nan norm)."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -260,6 +339,9 @@ class PolicyUpdater:
                 "actor/distill_loss": s["distill_loss"] / n_steps,
                 "actor/distill_kl": s["distill_kl"] / tokens,
             }
+        if "opsm_tokens" in s:  # averaged over every update of the step
+            distill[OPSM_FRAC] = s["opsm_dropped"] / max(s["opsm_tokens"], 1.0)
+            distill[OPSM_SEQ_FRAC] = s["opsm_dropped_seqs"] / max(s["opsm_seqs"], 1.0)
         return {
             "actor/pg_loss": s["pg_loss"] / n_steps,
             mn.ACTOR_KL: s.get("kl", 0.0) / tokens,

@@ -9,9 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
 from rltool.engines.batcher import AsyncGenerationBatcher
+from rltool.rollout.routing import stitch_turns
 
 # keys whose value only matters when it differs from this neutral value
 _NEUTRAL = {
@@ -103,6 +106,7 @@ class TrajectoryServer:
         self.response_length = response_length
         self.token_text = token_text
         self.generations: list[Generation] = []  # in order, one per generate call
+        self.prompts: list[list[int]] = []  # [C] the context of each generate call
 
     async def generate(
         self,
@@ -124,6 +128,7 @@ class TrajectoryServer:
         sampling = to_sampling(sampling_params, budget, self.token_text)
         gen = await self.batcher.generate(prompt, sampling)
         self.generations.append(gen)
+        self.prompts.append(prompt)
         return TokenOutput(
             token_ids=list(gen.token_ids),
             log_probs=list(gen.logprobs),
@@ -134,6 +139,26 @@ class TrajectoryServer:
     def model_steps(self) -> list[int]:
         """Policy version of every generated token, in generation order."""
         return [s for g in self.generations for s in g.model_steps]
+
+    def routed_experts(self, input_ids: np.ndarray) -> np.ndarray | None:
+        """The trajectory's MoE routing [T, L, k] aligned with its ``input_ids`` [T] (each
+        turn's routing stitched as its tokens are: ``stitch_turns``), or None when the engine
+        recorded none. A ValueError when a turn's context is not a prefix of ``input_ids``
+        (the loop re-rendered the conversation: its routing cannot be placed)."""
+        routed = [g.routed_experts for g in self.generations]
+        if not routed or all(r is None for r in routed):
+            return None
+        if any(r is None for r in routed):
+            missing = sum(r is None for r in routed)
+            raise ValueError(f"the engine recorded MoE routing for all but {missing} turns")
+        for k, prompt in enumerate(self.prompts):
+            n = min(len(prompt), len(input_ids))
+            if not np.array_equal(np.asarray(prompt[:n]), input_ids[:n]):
+                raise ValueError(
+                    f"turn {k}'s prompt is not a prefix of the trajectory's tokens, so its MoE "
+                    "routing cannot be placed; the loop must extend its token ids turn by turn"
+                )
+        return stitch_turns(len(input_ids), routed)  # [T, L, k]
 
     @property
     def finish_reason(self) -> str | None:

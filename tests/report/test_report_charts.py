@@ -86,8 +86,39 @@ def test_every_chart_the_issue_asks_for_is_there():
         "time/generate",
         "time/train",
         "time/overlap",
+        "mismatch/kl_k3",  # rollout vs trainer mismatch (issue 20)
+        "mismatch/kl_k1",
+        "mismatch/log_ppl_ratio",
+        "mismatch/abs_diff_p99",
     ):
         assert key in keys
+
+
+def test_the_mismatch_chart_overlays_runs(tmp_path):
+    lines = {
+        "mismatch/kl_k3": 0.001,
+        "mismatch/kl_k1": 0.002,
+        "mismatch/log_ppl_ratio": -0.01,
+        "mismatch/abs_diff_p99": 0.2,
+    }
+    runs = read_runs(
+        [
+            write_run(tmp_path / "sync", [train_line(1, lines), train_line(2, lines)]),
+            write_run(tmp_path / "bf16", [train_line(1, {"mismatch/kl_k3": 0.05})]),
+        ]
+    )
+    chart = build_chart(SPECS["mismatch"], runs)
+    assert _view(chart)[:2] == [
+        ("sync", 0, "KL k3 (rollout || trainer)", 0, "mismatch/kl_k3"),
+        ("sync", 0, "KL k1", 1, "mismatch/kl_k1"),
+    ]
+    assert _view(chart)[4] == ("bf16", 1, "KL k3 (rollout || trainer)", 0, "mismatch/kl_k3")
+    assert chart.traces[0].series.values == (0.001, 0.001)
+    assert chart.notes == [
+        "bf16: no mismatch/kl_k1 in its train lines",
+        "bf16: no mismatch/log_ppl_ratio in its train lines",
+        "bf16: no mismatch/abs_diff_p99 in its train lines",
+    ]
 
 
 def test_the_figure_gives_each_run_a_colour_and_each_metric_a_dash(tmp_path):

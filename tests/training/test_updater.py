@@ -155,7 +155,8 @@ def test_full_algorithm_metrics_present_finite_and_schedule_counts_train_steps(
     packs = laid_out(packs, layout)
     updater = updater_for(model, algo, lr=1e-2, grad_clip=1.0, ref_model=ref, temperature=0.8)
     metrics = updater.step(packs)
-    assert set(metrics) == METRIC_KEYS
+    assert {k for k in metrics if not k.startswith("mismatch/")} == METRIC_KEYS
+    assert {"mismatch/kl_k1", "mismatch/is_weight_mean", "mismatch/abs_diff_p99"} <= set(metrics)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["actor/optimizer_steps"] == 4.0  # 2 epochs x 2 mini-batches
     assert metrics["actor/kl"] > 0  # the policy left the reference after the first step
@@ -270,11 +271,16 @@ MAIN_SHARED_STEP = {
 MAIN_SHARED_MOVED = 1320.8046854330312
 
 
+def actor(metrics: dict[str, float]) -> dict[str, float]:
+    """The updater's own figures; the rollout correction's mismatch/* ride along."""
+    return {k: v for k, v in metrics.items() if k.startswith("actor/")}
+
+
 def test_conversions_shared_rows_take_the_step_main_took() -> None:
     packs, metrics, moved = converted_step(prefix_sharing=True)
     assert [type(p) for p in packs] == [SharedPack] * 3
     assert [len(p) for p in packs] == [16, 13, 8]  # plain rows: 3 x 16
-    assert metrics == pytest.approx(MAIN_SHARED_STEP, rel=1e-5, abs=1e-7)
+    assert actor(metrics) == pytest.approx(MAIN_SHARED_STEP, rel=1e-5, abs=1e-7)
     assert moved == pytest.approx(MAIN_SHARED_MOVED, rel=1e-5)
 
 
@@ -283,7 +289,7 @@ def test_conversions_plain_rows_take_the_same_step() -> None:
     packs, metrics, moved = converted_step(prefix_sharing=False)
     assert [type(p) for p in packs] == [Pack] * 3
     assert [len(p) for p in packs] == [16, 16, 16]
-    assert metrics == pytest.approx(MAIN_SHARED_STEP, rel=1e-5, abs=1e-6)
+    assert actor(metrics) == pytest.approx(MAIN_SHARED_STEP, rel=1e-5, abs=1e-6)
     assert moved == pytest.approx(MAIN_SHARED_MOVED, rel=1e-5)
 
 

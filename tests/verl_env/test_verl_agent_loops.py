@@ -241,3 +241,48 @@ def test_verl_tool_recipe_trains(tmp_path) -> None:
         [*rltool, "validate-rollouts", *map(str, dumps)], cwd=REPO, capture_output=True, text=True
     )
     assert validate.returncode == 0, validate.stdout[-3000:]
+
+
+class RoutingToolEngine(ToolCallingEngine):
+    """ToolCallingEngine whose generations carry MoE routing [C + n, 1, 2]: position t of a
+    turn-u call goes to experts ((3u + t) % 8, (3u + t + 1) % 8), the last row -1, so each
+    turn routes the shared positions differently."""
+
+    def generate(self, prompts, sampling):
+        gens = super().generate(prompts, sampling)
+        response = self.tokenizer.convert_tokens_to_ids("<tool_response>")
+        for p, g in zip(prompts, gens, strict=True):
+            g.routed_experts = expected_rows(2 if response in p else 1, len(p) + len(g.token_ids))
+            g.routed_experts[-1] = -1
+        return gens
+
+
+def expected_rows(turn: int, n: int) -> np.ndarray:
+    t = np.arange(n)[:, None, None]  # [n, 1, 1]
+    return np.concatenate([(3 * turn + t) % 8, (3 * turn + t + 1) % 8], axis=2)  # [n, 1, 2]
+
+
+def test_tool_agent_loop_routing_is_stitched_over_its_turns(tokenizer) -> None:
+    """Each token's routing is that of the turn that first fed it: turn 1 for its prompt and
+    generated tokens but the last; turn 2's prefill for that last token and the tool tokens,
+    then turn 2's decode; the trajectory's last token is never fed (-1)."""
+    loop = VerlAgentLoop(
+        LoopContext(
+            RoutingToolEngine(tokenizer), tokenizer, SamplingConfig(max_new_tokens=160), "verl"
+        ),
+        loop_class=TOOL_AGENT,
+        reward="gsm8k",
+        multi_turn=CALCULATOR,
+        hf_model_type="qwen2",
+    )
+    [group] = loop.generate_groups(TASKS[:1], 1, ["g0"])
+    assert_canonical([group])
+    s = group[0]
+    n = len(s.input_ids)
+    call = tokenizer.encode(ToolCallingEngine.CALL, add_special_tokens=False)
+    first = len(s.prompt_ids) + len(call) + 1  # tokens turn 1 fed or generated
+    want = expected_rows(2, n)
+    want[: first - 1] = expected_rows(1, first - 1)
+    want[-1] = -1
+    assert s.routed_experts.shape == (n, 1, 2)
+    assert s.routed_experts.tolist() == want.tolist()
