@@ -171,7 +171,7 @@ def test_shipped_recipes_exist_and_gsm8k_tiny_values() -> None:
 
 
 def test_algorithm_fragments_set_their_estimator(tmp_path: Path) -> None:
-    # A recipe outside the repository still finds the repository's configs/.
+    # A recipe outside the repository still finds rltool's own configs/ (package data).
     for name, estimator in [("grpo", "grpo"), ("dr_grpo", "dr_grpo"), ("rloo", "rloo")]:
         recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(f"defaults: [algorithm/{name}, model/tiny, logging/default]\n")
