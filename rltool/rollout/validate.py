@@ -17,6 +17,7 @@ a ``response_mask`` among them must agree with the labels (``rollout.foreign``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -253,9 +254,7 @@ def validate_files(
     for file_idx, path in enumerate(resolved):
         lines = 0
         try:
-            def on_foreign(line: int, name: str, s: RolloutState, i: int = file_idx) -> None:
-                checker.add_foreign(i, line, name, s)
-
+            on_foreign = functools.partial(checker.add_foreign, file_idx)
             for line, item in iter_rollouts(path, on_bytes=progress, on_foreign=on_foreign):
                 lines += 1
                 if isinstance(item, LineError):
