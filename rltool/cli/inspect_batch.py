@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -32,6 +33,7 @@ from rltool.report.batch_json import batch_to_json
 from rltool.report.console import make_console
 from rltool.report.inspect_view import Decoder, render_batch, tokenizer_decoder
 from rltool.report.routing_view import parse_routing_request, render_routing, routing_of_token
+from rltool.rollout.foreign import describe_foreign
 from rltool.rollout.io import not_a_file_reason, read_groups
 from rltool.rollout.staleness import StalenessLimits, bake_group
 from rltool.rollout.state import RolloutState, Status, group_status
@@ -78,9 +80,31 @@ def _check_regular(path: Path) -> None:
         raise UserError(f"{path}: {reason}", 2)
 
 
+def _warn_foreign(path: Path) -> Callable[[int, str, RolloutState], None]:
+    """Another framework's field, once per name: the sample is shown, the field noted."""
+    console = make_console(stderr=True)
+
+    def warn(line_no: int, name: str, sample: RolloutState) -> None:
+        message = f" {path}:{line_no}: {describe_foreign(name)}"
+        console.print(Text.assemble(("warning:", "warning"), message))
+
+    return warn
+
+
+def next_train_step(groups: list[list[RolloutState]]) -> int:
+    """The step that would train these samples next: the newest model step + 1 (0 when
+    no sample records model steps), so that no token shows a negative staleness."""
+    steps = [int(s.response_model_steps.max()) for g in groups for s in g if _has_steps(s)]
+    return max(steps) + 1 if steps else 0
+
+
+def _has_steps(s: RolloutState) -> bool:
+    return s.response_model_steps is not None and len(s.response_model_steps) > 0
+
+
 def _groups_from_file(path: Path) -> GroupSource:
     try:
-        groups = read_groups(path)
+        groups = read_groups(path, on_foreign=_warn_foreign(path))
     except ValueError as exc:  # a bad line, named with file and line by read_groups
         raise UserError(str(exc), 1) from exc
     except OSError as exc:
@@ -89,7 +113,8 @@ def _groups_from_file(path: Path) -> GroupSource:
         raise UserError(f"{path}: no samples", 1)
     recipe = RecipeConfig()
     conversion = ConversionConfig.from_recipe(recipe)
-    return GroupSource(groups, conversion, StalenessLimits.from_algorithm(recipe.algorithm), 0)
+    staleness = StalenessLimits.from_algorithm(recipe.algorithm)
+    return GroupSource(groups, conversion, staleness, next_train_step(groups))
 
 
 def _groups_from_recipe(path: Path, overrides: list[str]) -> GroupSource:
@@ -218,7 +243,12 @@ def inspect_batch(
         ),
     ] = None,
     train_step: Annotated[
-        int | None, typer.Option(min=0, help="Train step the batch is for (token staleness).")
+        int | None,
+        typer.Option(
+            min=0,
+            help="Train step the batch is for (token staleness). Default for a file: its "
+            "newest model step + 1.",
+        ),
     ] = None,
     max_staleness: Annotated[
         int | None, typer.Option(help="A sample expires at this staleness (in syncs).")
@@ -278,10 +308,11 @@ def inspect_batch(
     """Convert rollouts exactly as training would and show the packed batch token by token.
 
     Unset options take the recipe's values in recipe mode; for a JSONL file, the
-    recipe defaults (grpo, pack length 2048, prefix sharing on, train step 0, no
-    staleness limits, sync interval 1). Exit code 1: a bad line, a file with no
-    samples or a conversion error (e.g. a sample longer than --pack-max-length); 2:
-    unusable input (missing, a FIFO or another non-regular file) or a bad option.
+    recipe defaults (grpo, pack length 2048, prefix sharing on, no staleness limits,
+    sync interval 1) and the step after the file's newest model step. Exit code 1: a
+    bad line, a file with no samples or a conversion error (e.g. a sample longer than
+    --pack-max-length); 2: unusable input (missing, a FIFO or another non-regular file)
+    or a bad option.
     """
     is_recipe = file.suffix.lower() in RECIPE_SUFFIXES
     if overrides and not is_recipe:

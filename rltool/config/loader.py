@@ -33,7 +33,10 @@ from rltool.config.schema import RecipeConfig
 
 CONFIGS_DIRNAME = "configs"
 RECIPES_DIRNAME = "recipes"
-# The repository root next to the installed package (editable installs, checkouts).
+# rltool's own fragments (model/tiny, algorithm/grpo, ...), shipped inside the package so
+# that a recipe finds them from any directory, whatever the install.
+PACKAGE_CONFIGS = Path(__file__).resolve().parents[1] / CONFIGS_DIRNAME
+# The checkout the package sits in (its recipes/), for the tests of the shipped recipes.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -147,7 +150,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def find_recipes(root: str | Path | None = None) -> list[Path]:
-    """Every recipe YAML under ``<root>/recipes`` (default: the repository's)."""
+    """Every recipe YAML under ``<root>/recipes`` (default: the checkout's)."""
     base = Path(root) if root is not None else _REPO_ROOT
     return sorted((base / RECIPES_DIRNAME).glob("*.yaml"))
 
@@ -157,9 +160,9 @@ def find_recipes(root: str | Path | None = None) -> list[Path]:
 
 def _config_dirs(recipe: Path) -> list[Path]:
     """Where fragments are looked up: every ``configs/`` dir from the recipe's folder
-    upward (nearest first), then the repository's own ``configs/``."""
+    upward (nearest first), then rltool's own (``rltool/configs``)."""
     dirs = [d / CONFIGS_DIRNAME for d in recipe.resolve().parents]
-    dirs.append(_REPO_ROOT / CONFIGS_DIRNAME)
+    dirs.append(PACKAGE_CONFIGS)
     return list(dict.fromkeys(d for d in dirs if d.is_dir()))
 
 

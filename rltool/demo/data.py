@@ -17,6 +17,13 @@ from pathlib import Path
 from rltool.builtin import DATA_DIR
 
 GSM8K_TINY_DIR = DATA_DIR / "gsm8k_tiny"
+# Six small Python coding tasks for the ``sandbox`` loop (``builtin:coding_tasks/tasks.jsonl``,
+# written by hand). Each record: ``question`` (the prompt), ``answer`` (a reference solution,
+# never shown to the agent), ``solution_file``, seed ``files``, and a hidden check (``check``
+# argv, ``check_files`` bound read-only at /check) that imports the solution from /work and
+# tests it with plain asserts: exit 0 means solved. The tiny demo model will not solve them;
+# they exercise the data path.
+CODING_TASKS_FILE = DATA_DIR / "coding_tasks" / "tasks.jsonl"
 N_TRAIN = 3000
 N_TEST = 300
 

@@ -9,6 +9,10 @@ and count every physical line, so they match an editor's.
 
 Files are never loaded whole: ``iter_rollouts`` reads one line at a time, so
 memory stays bounded by the longest line, whatever the file size.
+
+Lines written by other frameworks may carry fields rltool does not define (xtuner's
+``response_mask``, verl's ``uid``): those are kept aside in ``extra``
+(``rltool.rollout.foreign``) and reported once per field name and file.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +28,11 @@ from typing import BinaryIO
 
 from pydantic import ValidationError
 
+from rltool.rollout.foreign import ForeignFieldError, describe_foreign, split_foreign
 from rltool.rollout.state import RolloutState
+
+# (line number, field name, the sample) for the first line of a file with that field
+ForeignFn = Callable[[int, str, RolloutState], None]
 
 _MAX_ERRORS_SHOWN = 3  # pydantic errors quoted per bad line; the rest are counted
 _FILE_KINDS = (
@@ -111,17 +120,36 @@ def _rollout_id_of(line: bytes) -> str | None:
     return str(rid) if isinstance(rid, str) or type(rid) is int else None
 
 
+def parse_line(line: bytes | str) -> tuple[RolloutState, list[str]]:
+    """One line as a sample, and the names of the fields it carried that rltool does not
+    define (moved into ``extra``). Raises pydantic's ValidationError or ForeignFieldError."""
+    try:
+        return RolloutState.from_json(line), []
+    except ValidationError as err:
+        if not any(e["type"] == "extra_forbidden" and len(e["loc"]) == 1 for e in err.errors()):
+            raise
+    obj = json.loads(line)  # an object: pydantic found unknown keys at its top level
+    names = split_foreign(obj)
+    return RolloutState.model_validate(obj), names
+
+
 def iter_rollouts(
-    path: str | Path, *, on_bytes: Callable[[int], None] | None = None
+    path: str | Path,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+    on_foreign: ForeignFn | None = None,
 ) -> Iterator[tuple[int, RolloutState | LineError]]:
     """Yield ``(line_no, sample_or_error)`` for every non-blank line of a JSONL file.
 
     A bad line yields a ``LineError`` and reading goes on, so a validator can
     report every bad line. ``on_bytes`` is called with the byte length of each
-    physical line read (progress reporting). OSError from opening or reading
-    propagates, a FIFO or another special file included (it is never read).
+    physical line read (progress reporting). A field rltool does not define is kept
+    in the sample's ``extra``; ``on_foreign`` is called for the first line of the file
+    that carries it (default: a ``ForeignFieldWarning``). OSError from opening or
+    reading propagates, a FIFO or another special file included (it is never read).
     """
     path = Path(path)
+    seen: set[str] = set()
     with open_rollout_file(path) as f:
         for line_no, line in enumerate(f, start=1):
             if on_bytes is not None:
@@ -130,16 +158,43 @@ def iter_rollouts(
             if not line.strip():
                 continue
             try:
-                yield line_no, RolloutState.from_json(line)
+                sample, foreign = parse_line(line)
             except ValidationError as err:
                 message, field, position = _summarise(err)
                 rid = _rollout_id_of(line)
                 yield line_no, LineError(path, line_no, message, field, position, rid)
+                continue
+            except ForeignFieldError as err:
+                rid = _rollout_id_of(line)
+                yield (
+                    line_no,
+                    LineError(path, line_no, f"not a RolloutState: {err}", "extra", None, rid),
+                )
+                continue
+            for name in foreign:
+                if name not in seen:
+                    seen.add(name)
+                    (on_foreign or _warn_foreign(path))(line_no, name, sample)
+            yield line_no, sample
 
 
-def iter_samples(path: str | Path) -> Iterator[tuple[int, RolloutState]]:
+class ForeignFieldWarning(UserWarning):
+    """A rollout line carried a field rltool does not define (kept in ``extra``)."""
+
+
+def _warn_foreign(path: Path) -> ForeignFn:
+    def warn(line_no: int, name: str, sample: RolloutState) -> None:
+        message = f"{path}:{line_no}: {describe_foreign(name)}"
+        warnings.warn(message, ForeignFieldWarning, stacklevel=2)
+
+    return warn
+
+
+def iter_samples(
+    path: str | Path, *, on_foreign: ForeignFn | None = None
+) -> Iterator[tuple[int, RolloutState]]:
     """Like ``iter_rollouts`` but a bad line raises ValueError naming file and line."""
-    for line_no, item in iter_rollouts(path):
+    for line_no, item in iter_rollouts(path, on_foreign=on_foreign):
         if isinstance(item, LineError):
             raise ValueError(
                 f"{item}; run `rltool validate-rollouts {item.path}` for a full report"
@@ -147,7 +202,9 @@ def iter_samples(path: str | Path) -> Iterator[tuple[int, RolloutState]]:
         yield line_no, item
 
 
-def iter_groups(path: str | Path) -> Iterator[list[RolloutState]]:
+def iter_groups(
+    path: str | Path, *, on_foreign: ForeignFn | None = None
+) -> Iterator[list[RolloutState]]:
     """Yield each group of a rollout file: a run of consecutive samples sharing ``group_id``.
 
     Raises ValueError on a bad line, or when a group_id reappears after another
@@ -157,7 +214,7 @@ def iter_groups(path: str | Path) -> Iterator[list[RolloutState]]:
     closed: dict[str, int] = {}  # group_id -> first line, for groups already yielded
     group: list[RolloutState] = []
     start = 0
-    for line_no, sample in iter_samples(path):
+    for line_no, sample in iter_samples(path, on_foreign=on_foreign):
         if group and sample.group_id == group[0].group_id:
             group.append(sample)
             continue
@@ -175,9 +232,11 @@ def iter_groups(path: str | Path) -> Iterator[list[RolloutState]]:
         yield group
 
 
-def read_groups(path: str | Path) -> list[list[RolloutState]]:
+def read_groups(
+    path: str | Path, *, on_foreign: ForeignFn | None = None
+) -> list[list[RolloutState]]:
     """All groups of a small rollout file (see ``iter_groups``), in file order."""
-    return list(iter_groups(path))
+    return list(iter_groups(path, on_foreign=on_foreign))
 
 
 def write_rollouts(path: str | Path, states: Iterable[RolloutState]) -> int:

@@ -10,16 +10,20 @@ and one batch, never with file size.
 
 A non-COMPLETED sample without train fields is the contract's record of a
 failed build (section 3), so it is a warning, not an error; a non-COMPLETED
-sample *with* train fields is checked like any other.
+sample *with* train fields is checked like any other. A field rltool does not
+define (another framework's) is a warning once per field name across the input;
+a ``response_mask`` among them must agree with the labels (``rollout.foreign``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rltool.rollout.contract import Severity, Violation, check_samples
+from rltool.rollout.foreign import check_response_mask, describe_foreign
 from rltool.rollout.io import LineError, iter_rollouts, not_a_file_reason, open_rollout_file
 from rltool.rollout.state import RolloutState, Status
 
@@ -34,7 +38,8 @@ class InputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FileViolation:
-    """One finding, located in a file. ``invariant`` is None for an unparsable line."""
+    """One finding, located in a file. ``invariant`` is None for an unparsable line or a
+    field rltool does not define."""
 
     file: str
     line: int
@@ -121,6 +126,7 @@ class _Checker:
     pending: list[tuple[int, int, RolloutState]] = field(default_factory=list)  # unchecked
     pending_tokens: int = 0
     num_experts: int | None = None  # routed_experts ids must be below it (when known)
+    foreign: set[str] = field(default_factory=set)  # foreign field names already reported
 
     def add(self, file_idx: int, line: int, s: RolloutState) -> None:
         """Queue a sample; check the queue once it holds ``BATCH_TOKENS`` tokens."""
@@ -147,12 +153,26 @@ class _Checker:
             msg = f"no train fields on a {s.status} sample" + (f" ({s.error})" if s.error else "")
             self._emit(file_idx, line, s, "input_ids", msg, Severity.WARNING, invariant=1)
         else:
+            found = [*found, *check_response_mask(s)]
             out.extend(FileViolation.of(path, line, v) for v in found)
         first = self.seen_ids.setdefault(s.rollout_id, (file_idx, line))
         if first != (file_idx, line):
             msg = f"duplicate rollout_id, first at {self._where(*first)}"
             self._emit(file_idx, line, s, "rollout_id", msg)
         self._check_group(file_idx, line, s)
+
+    def add_foreign(self, file_idx: int, line: int, name: str, s: RolloutState) -> None:
+        """A warning for the first line (of the whole input) carrying a foreign field."""
+        if name in self.foreign:
+            return
+        self.foreign.add(name)
+        self.flush()  # findings stay in line order
+        path = str(self.paths[file_idx])
+        self.report.violations.append(
+            FileViolation(
+                path, line, s.rollout_id, name, None, None, Severity.WARNING, describe_foreign(name)
+            )
+        )
 
     def _check_group(self, file_idx: int, line: int, s: RolloutState) -> None:
         g = self.groups.get(s.group_id)
@@ -234,7 +254,8 @@ def validate_files(
     for file_idx, path in enumerate(resolved):
         lines = 0
         try:
-            for line, item in iter_rollouts(path, on_bytes=progress):
+            on_foreign = functools.partial(checker.add_foreign, file_idx)
+            for line, item in iter_rollouts(path, on_bytes=progress, on_foreign=on_foreign):
                 lines += 1
                 if isinstance(item, LineError):
                     checker.flush()  # findings stay in line order

@@ -21,7 +21,7 @@ from rltool.agent_loops.sandbox_task import CodingTask
 from rltool.builtin import demo_cache_dir
 from rltool.config.schema import SamplingConfig
 from rltool.data import load_examples
-from rltool.demo.coding_tasks import CODING_TASKS_FILE
+from rltool.demo.data import CODING_TASKS_FILE
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.contract import check_group, check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, Status

@@ -17,6 +17,7 @@ from cli_runner import wide_environ
 import rltool.app.run as run_mod
 from rltool.app.run import build_run, check_recipe
 from rltool.config.loader import load_recipe
+from rltool.demo.data import CODING_TASKS_FILE
 from rltool.produce.preflight import MAX_RECORDS_NAMED, preflight_problems
 from rltool.produce.task_specs import task_specs
 from rltool.sandbox.probe import INSTALL_BWRAP, sandbox_problems
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SANDBOX_RECIPE = REPO / "recipes" / "sandbox_code.yaml"
 GSM8K_RECIPE = REPO / "recipes" / "gsm8k_tiny.yaml"
-CODING_TASKS = "rltool/demo/coding_tasks/tasks.jsonl"
+CODING_TASKS = "builtin:coding_tasks/tasks.jsonl"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
@@ -134,7 +135,7 @@ def test_missing_util_linux_tools_are_named(monkeypatch, tmp_path):
 
 def test_sandbox_records_are_checked_field_by_field(monkeypatch, tmp_path):
     monkeypatch.setattr("rltool.agent_loops.sandbox.sandbox_problems", lambda: [])
-    good = json.loads((REPO / CODING_TASKS).read_text().splitlines()[0])
+    good = json.loads(CODING_TASKS_FILE.read_text().splitlines()[0])
     no_check = {k: v for k, v in good.items() if k != "check"}
     records = [good, no_check, {**good, "files": ["a.py"]}, *[no_check] * 3]
     train = write_jsonl(tmp_path / "train.jsonl", records)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
+from rltool.cli.inspect_batch import next_train_step
 from rltool.rollout.io import read_groups
 from rltool.rollout.state import RolloutState
 from rltool.training.convert import ConversionConfig
@@ -454,3 +455,29 @@ def test_rich_view_names_the_layout_and_attention_kernel(switch, line):
     result = inspect(ROLLOUTS, *CONVERSION_OPTIONS, *switch)
     assert result.exit_code == 0, result.output
     assert line in result.stdout
+
+
+def test_a_file_without_train_step_is_inspected_at_its_newest_model_step_plus_1() -> None:
+    """g-stale's tokens were made at steps 2..4: the default step is 5, never one that
+    gives a token a negative staleness (before: step 0, staleness -3..-5)."""
+    assert next_train_step(read_groups(ROLLOUTS)) == 5
+    assert json_of(ROLLOUTS, *CONVERSION_OPTIONS, *PLAIN) == json_of(ROLLOUTS, *GOLDEN_OPTIONS)
+    stale = json_of(ROLLOUTS, *CONVERSION_OPTIONS, *PLAIN)["data_info"]
+    assert stale["staleness/stale_tokens"] == 2  # 70 and 71, as at --train-step 5
+
+
+def test_next_train_step_of_files_without_model_steps_is_0() -> None:
+    groups = read_groups(ROLLOUTS)
+    no_steps = [[s for s in g if s.response_model_steps is None] for g in groups]
+    assert next_train_step([g for g in no_steps if g]) == 0
+
+
+def test_fields_of_other_frameworks_are_shown_with_one_warning_each(tmp_path: Path) -> None:
+    lines = [json.loads(line) for line in ROLLOUTS.read_text().splitlines() if line.strip()]
+    path = tmp_path / "verl.jsonl"
+    path.write_text("".join(json.dumps({**r, "uid": r["group_id"]}) + "\n" for r in lines))
+    result = inspect(path, *GOLDEN_OPTIONS, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json_of(ROLLOUTS, *GOLDEN_OPTIONS)
+    assert result.stderr.count("warning:") == 1
+    assert "field 'uid' is not part of rltool's data contract" in result.stderr

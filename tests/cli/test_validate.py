@@ -199,3 +199,41 @@ def test_integer_ids_validate_clean(tmp_path: Path) -> None:
     records = [{**r, "rollout_id": i} for i, r in enumerate(records)]
     result = run(write_lines(tmp_path / "ints.jsonl", records))
     assert result.exit_code == 0, result.output
+
+
+def test_fields_of_other_frameworks_are_two_warnings_and_exit_0(tmp_path: Path) -> None:
+    """verl's ``uid`` and an xtuner/verl ``response_mask`` that agrees with the labels: read,
+    kept in extra, one warning per field name however many lines carry them."""
+    mask = [1, 0, 1]  # WORKED: response 20 supervised, 21 a tool token, 22 supervised
+    lines = [{**WORKED, "rollout_id": f"r{i}", "response_mask": mask, "uid": "u"} for i in (1, 2)]
+    path = write_lines(tmp_path / "verl.jsonl", lines)
+    result = run("--format", "json", path)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["samples"], report["errors"], report["warnings"]) == (2, 0, 2)
+    found = [(v["line"], v["field"], v["severity"], v["invariant"]) for v in report["violations"]]
+    assert found == [(1, "response_mask", "warning", None), (1, "uid", "warning", None)]
+    assert "kept aside in extra['response_mask']" in report["violations"][0]["message"]
+    rich = run(path)
+    assert rich.exit_code == 0
+    assert rich.stdout.strip().splitlines()[-1].endswith("0 errors, 2 warnings")
+
+
+def test_a_response_mask_that_contradicts_the_labels_is_an_error(tmp_path: Path) -> None:
+    bad = {**WORKED, "rollout_id": "r2", "response_mask": [1, 1, 1]}  # 21 is not supervised
+    path = write_lines(tmp_path / "xtuner.jsonl", [WORKED, bad])
+    result = run("--format", "json", path)
+    assert result.exit_code == 1
+    warning, error = json.loads(result.stdout)["violations"]
+    assert (warning["field"], warning["severity"]) == ("response_mask", "warning")
+    assert (error["line"], error["rollout_id"], error["field"], error["position"]) == (
+        2,
+        "r2",
+        "extra.response_mask",
+        1,
+    )
+    assert (error["invariant"], error["severity"]) == (3, "error")
+    assert error["message"].startswith(
+        "response_mask contradicts labels at 1 response token(s): the first, response "
+        "position 1 (input position 4), has mask 1 but its label says not supervised"
+    )

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rltool.config.loader import find_recipes, load_recipe, recipe_to_yaml
+from rltool.config.loader import PACKAGE_CONFIGS, find_recipes, load_recipe, recipe_to_yaml
 from rltool.config.schema import RecipeConfig
+from rltool.data.examples import load_examples
 
 
 @pytest.fixture
@@ -170,8 +171,36 @@ def test_shipped_recipes_exist_and_gsm8k_tiny_values() -> None:
 
 
 def test_algorithm_fragments_set_their_estimator(tmp_path: Path) -> None:
-    # A recipe outside the repository still finds the repository's configs/.
+    # A recipe outside the repository still finds rltool's own configs/ (package data).
     for name, estimator in [("grpo", "grpo"), ("dr_grpo", "dr_grpo"), ("rloo", "rloo")]:
         recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(f"defaults: [algorithm/{name}, model/tiny, logging/default]\n")
         assert load_recipe(recipe).algorithm.estimator == estimator
+
+
+@pytest.mark.parametrize("recipe", find_recipes(), ids=lambda p: p.name)
+def test_a_copy_of_a_shipped_recipe_loads_and_reaches_its_data_anywhere(
+    recipe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside the checkout (issue 19): the fragments come from the package's configs/ and
+    every data file is reached by name (``builtin:``), never by a path from the checkout."""
+    copy = tmp_path / recipe.name
+    copy.write_text(recipe.read_text())
+    monkeypatch.chdir(tmp_path)
+    cfg = load_recipe(copy)
+    assert cfg == load_recipe(recipe)
+    files = [*cfg.data.train_files, *cfg.data.eval_files]
+    files += [f for task in cfg.tasks for f in (*task.train_files, *task.eval_files)]
+    assert files and all(f.startswith("builtin:") for f in files), files
+    for f in dict.fromkeys(files):
+        assert load_examples([f]), f
+
+
+def test_the_package_configs_are_found_last(project: Path) -> None:
+    """A project's own configs/ wins over rltool's fragment of the same name."""
+    (project / "configs" / "model").mkdir()
+    (project / "configs" / "model" / "tiny.yaml").write_text("model:\n  path: /my/model\n")
+    assert (PACKAGE_CONFIGS / "model" / "tiny.yaml").is_file()
+    recipe = write_recipe(project, "defaults: [model/tiny, algorithm/rloo]\n")
+    cfg = load_recipe(recipe)
+    assert (cfg.model.path, cfg.algorithm.estimator) == ("/my/model", "rloo")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rltool.rollout.io import (
+    ForeignFieldWarning,
     LineError,
     iter_groups,
     iter_rollouts,
@@ -55,7 +56,7 @@ def test_bad_lines_yield_line_errors_and_reading_goes_on(tmp_path: Path) -> None
             "[1, 2]",
             '{"rollout_id": "r7", "group_id": "g", "prompt_ids": [1, "a"]}',
             '{"group_id": "g", "prompt_ids": [1]}',
-            json.dumps({**WORKED, "rollout_id": "r8", "label": [1]}),
+            json.dumps({**WORKED, "rollout_id": "r8", "extra": [1], "uid": "u"}),
             good.replace('"r1"', '"r9"'),
         ],
     )
@@ -74,20 +75,26 @@ def test_bad_lines_yield_line_errors_and_reading_goes_on(tmp_path: Path) -> None
     assert "prompt_ids.1: Input should be a valid integer" in bad_id.message
     assert (no_id.field, no_id.rollout_id) == ("rollout_id", None)
     assert no_id.message == "not a RolloutState: rollout_id: Field required"
-    assert (extra.field, extra.rollout_id) == ("label", "r8")
-    assert str(extra) == f"{path}:6: not a RolloutState: label: Extra inputs are not permitted"
+    # a foreign field has nowhere to go when extra is no object
+    assert (extra.field, extra.rollout_id) == ("extra", "r8")
+    assert str(extra) == (
+        f"{path}:6: not a RolloutState: fields ['uid'] are not rltool's and would be kept in "
+        "extra, but extra is not an object"
+    )
 
 
 def test_many_pydantic_errors_are_summarised(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "bad.jsonl", ['{"rollout_id": 1.5, "extra": {}, "a": 1, "b": 2}'])
-    ((_, err),) = list(iter_rollouts(path))
+    line = '{"rollout_id": 1.5, "extra": {}, "a": 1, "b": 2, "status": "NOPE", "reward": 3}'
+    path = write_lines(tmp_path / "bad.jsonl", [line])
+    ((_, err),) = list(iter_rollouts(path, on_foreign=lambda *a: None))
     assert isinstance(err, LineError)
-    # 5 errors: a, b forbidden; rollout_id neither a string nor an integer;
-    # group_id, prompt_ids missing.
+    # 5 errors: rollout_id neither a string nor an integer; group_id, prompt_ids missing;
+    # status not a Status; reward not an object (a and b are foreign: kept in extra).
     # pydantic's order of errors is its own business: check the set, not the order.
     causes = {
-        "a": "a: Extra inputs are not permitted",
-        "b": "b: Extra inputs are not permitted",
+        "status": "status: Input should be 'INIT', 'COMPLETED', 'ABORTED', 'EXPIRED', "
+        "'FAILED' or 'FILTERED'",
+        "reward": "reward: Input should be a valid dictionary",
         "rollout_id": "rollout_id: must be a string or an integer, got a number",
         "group_id": "group_id: Field required",
         "prompt_ids": "prompt_ids: Field required",
@@ -188,3 +195,80 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)  # no writer: a blocking open would wait forever
     with pytest.raises(OSError, match="is a FIFO, not a regular file"):
         list(iter_rollouts(fifo))
+
+
+def foreign_line(rollout_id: str, **fields: object) -> str:
+    """The worked sample as xtuner or verl would write it: their own fields beside ours."""
+    return json.dumps({**WORKED, "rollout_id": rollout_id, **fields})
+
+
+def test_foreign_fields_are_kept_in_extra_and_reported_once_per_name(tmp_path: Path) -> None:
+    mask = [1, 0, 1]  # WORKED's response: 20 supervised, 21 a tool token, 22 supervised
+    path = write_lines(
+        tmp_path / "xtuner.jsonl",
+        [
+            foreign_line("r1", response_mask=mask, agent_loop_type="single_turn"),
+            foreign_line("r2", response_mask=mask, agent_loop_type="single_turn", uid="u7"),
+            foreign_line("r3", response_mask=mask, uid="u7"),
+        ],
+    )
+    seen: list[tuple[int, str, str]] = []
+    items = list(
+        iter_rollouts(path, on_foreign=lambda n, name, s: seen.append((n, name, s.rollout_id)))
+    )
+    samples = [s for _, s in items]
+    assert all(isinstance(s, RolloutState) for s in samples)
+    assert seen == [(1, "response_mask", "r1"), (1, "agent_loop_type", "r1"), (2, "uid", "r2")]
+    assert samples[1].extra == {
+        "response_mask": mask,
+        "agent_loop_type": "single_turn",
+        "uid": "u7",
+    }
+    # the contract's own fields are read as ever, and written back with extra
+    assert samples[2].labels.tolist() == WORKED["labels"]
+    again = RolloutState.from_json(samples[2].to_json())
+    assert again.extra == {"response_mask": mask, "uid": "u7"}
+
+
+def test_foreign_fields_merge_into_an_existing_extra(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "a.jsonl", [foreign_line("r1", extra={"k": 1}, uid="u")])
+    ((_, s),) = list(iter_rollouts(path, on_foreign=lambda *a: None))
+    assert s.extra == {"k": 1, "uid": "u"}
+
+
+def test_a_foreign_field_that_extra_already_holds_is_a_line_error(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "a.jsonl", [foreign_line("r1", extra={"uid": 1}, uid="u")])
+    ((_, err),) = list(iter_rollouts(path, on_foreign=lambda *a: None))
+    assert isinstance(err, LineError)
+    assert err.message == (
+        "not a RolloutState: field 'uid' is not rltool's and extra already holds 'uid'; "
+        "rename one of them"
+    )
+
+
+def test_readers_warn_once_per_field_name_by_default(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "verl.jsonl", [foreign_line("r1", uid="a"), foreign_line("r2", uid="a")]
+    )
+    with pytest.warns(ForeignFieldWarning) as record:
+        (group,) = read_groups(path)
+    assert [str(w.message) for w in record] == [
+        f"{path}:1: field 'uid' is not part of rltool's data contract (verl's prompt id): kept "
+        "aside in extra['uid'] (warned once per field name)"
+    ]
+    assert [s.extra for s in group] == [{"uid": "a"}, {"uid": "a"}]
+
+
+def test_a_misspelt_field_is_kept_with_a_hint(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "a.jsonl", [foreign_line("r1", lables=[1])])
+    with pytest.warns(ForeignFieldWarning, match="did you mean 'labels'"):
+        ((_, s),) = list(iter_samples(path))
+    assert s.extra == {"lables": [1]}
+
+
+def test_a_field_rltool_defines_nested_in_a_record_is_still_refused(tmp_path: Path) -> None:
+    targets = {"kind": "sampled", "token_ids": [[1]], "logprobs": [[0.0]], "topk": 1}
+    path = write_lines(tmp_path / "a.jsonl", [foreign_line("r1", teacher_targets=targets)])
+    ((_, err),) = list(iter_rollouts(path))
+    assert isinstance(err, LineError)
+    assert "teacher_targets.topk: Extra inputs are not permitted" in err.message

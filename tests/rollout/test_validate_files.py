@@ -10,6 +10,7 @@ import pytest
 
 import rltool.rollout.validate as validate_module
 from rltool.rollout.contract import Severity
+from rltool.rollout.foreign import check_response_mask
 from rltool.rollout.io import write_rollouts
 from rltool.rollout.state import RolloutState
 from rltool.rollout.validate import FileViolation, InputError, validate_files
@@ -174,3 +175,31 @@ def test_a_fifo_is_named_as_one(tmp_path: Path) -> None:
         validate_files([CLEAN, fifo])
     with pytest.raises(InputError, match="is a directory, not a regular file"):
         validate_files([tmp_path])
+
+
+def _masked(mask: object) -> RolloutState:
+    """The worked sample (response 20 supervised, 21 a tool token, 22 supervised) with a
+    foreign response_mask kept in extra, as the reader keeps it."""
+    return RolloutState.model_validate({**WORKED, "extra": {"response_mask": mask}})
+
+
+@pytest.mark.parametrize(
+    ("mask", "position", "message"),
+    [
+        ([1, 0, 1], None, None),
+        ([True, False, True], None, None),
+        ([0, 0, 1], 0, "has mask 0 but its label says supervised"),
+        ([1, 1, 1], 1, "has mask 1 but its label says not supervised"),
+        ([1, 0], None, "response_mask has 2 entries but the response has 3 tokens"),
+        ([1, 2, 1], 1, "response_mask holds 2: only 0 and 1"),
+        ("101", None, "response_mask must be a list of 0/1 per response token"),
+    ],
+)
+def test_response_mask_against_the_labels(mask, position, message) -> None:
+    found = check_response_mask(_masked(mask))
+    if message is None:
+        assert found == []
+        return
+    (v,) = found
+    assert (v.field, v.position, v.invariant) == ("extra.response_mask", position, 3)
+    assert message in v.message
