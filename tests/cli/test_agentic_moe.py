@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from short_runs import short_train_args
 from tiny_models import random_moe
-from typer.testing import CliRunner
 
-from rltool.cli.app import app
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.io import read_groups
 from rltool.rollout.routing import NOT_ROUTED
@@ -49,7 +48,7 @@ def test_localhost_loop_records_stitches_and_replays_routing(moe_checkpoint, tmp
         "rollout.eval_sampling.max_new_tokens=8",
         "--dump-rollouts",
     )
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in lines if x["kind"] == "train"]
@@ -69,8 +68,6 @@ def test_localhost_loop_records_stitches_and_replays_routing(moe_checkpoint, tmp
         assert unrouted.tolist() == [len(s.input_ids) - 1], s.rollout_id
         multi_turn += s.extra["num_turns"] > 1
     assert multi_turn > 0  # the calculator's check turn: routing stitched over two turns
-    check = CliRunner().invoke(
-        app, ["validate-rollouts", "--num-experts", "8", *map(str, dumps)], env={"COLUMNS": "200"}
-    )
+    check = run_cli(["validate-rollouts", "--num-experts", "8", *map(str, dumps)])
     assert check.exit_code == 0, check.output
     assert "0 errors" in check.stdout

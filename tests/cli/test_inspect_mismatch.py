@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from short_runs import short_gsm8k_args
 from tiny_models import random_moe
-from typer.testing import CliRunner
 
-from rltool.cli.app import app
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.moe import find_routers, recording
 from rltool.rollout.state import RolloutState
@@ -72,7 +71,7 @@ def write_samples(path: Path, routed: dict[str, list] | None = None) -> dict[str
 
 def inspect_json(path: Path, model: Path, *args: str) -> dict:
     cmd = ["inspect-batch", str(path), "--model", str(model), "--format", "json", *args]
-    result = CliRunner().invoke(app, cmd)
+    result = run_cli(cmd)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -128,11 +127,8 @@ def test_correction_columns_are_the_updaters(tiny_checkpoint, tmp_path):
         want = min(math.exp(max(total, -20.0)), 2.0)
         assert s["weights"] == pytest.approx([want] * len(s["delta"]), rel=1e-4, abs=1e-6)
         assert s["masked"] == [True] * len(s["delta"])
-    bad = CliRunner().invoke(
-        app,
-        ["inspect-batch", str(tmp_path / "r.jsonl"), "--model", str(tiny_checkpoint),
+    bad = run_cli(["inspect-batch", str(tmp_path / "r.jsonl"), "--model", str(tiny_checkpoint),
          "--rollout-correction", "nope"],
-        env={"COLUMNS": "300"},
     )  # fmt: skip
     assert bad.exit_code == 2 and "algorithm.rollout_correction" in bad.stderr
 
@@ -171,17 +167,15 @@ def test_rich_view_and_errors(moe_dir, tiny_checkpoint, tmp_path):
     path = tmp_path / "r.jsonl"
     write_samples(path)
     cmd = ["inspect-batch", str(path), "--model", str(tiny_checkpoint), "--limit", "1"]
-    result = CliRunner().invoke(app, cmd, env={"COLUMNS": "200"})
+    result = run_cli(cmd)
     assert result.exit_code == 0, result.output
     assert "a: 3 supervised tokens, mean |Δ|" in result.stdout
     assert "largest |Δ|" in result.stdout and "b:" not in result.stdout
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = CliRunner().invoke(app, ["inspect-batch", str(path), "--model", str(empty)])
+    bad = run_cli(["inspect-batch", str(path), "--model", str(empty)])
     assert bad.exit_code == 2 and "no config.json" in bad.stderr
-    no_routing = CliRunner().invoke(
-        app, ["inspect-batch", str(path), "--model", str(moe_dir), "--replay-routing"]
-    )
+    no_routing = run_cli(["inspect-batch", str(path), "--model", str(moe_dir), "--replay-routing"])
     assert no_routing.exit_code == 2 and "carries no routed_experts" in no_routing.stderr
 
 
@@ -189,11 +183,7 @@ def test_rich_view_and_errors(moe_dir, tiny_checkpoint, tmp_path):
 def test_a_run_directory_uses_its_newest_checkpoint(tiny_checkpoint, tmp_path):
     """The issue's command: a short run with dumped rollouts, then the per-token view of
     step 3's rollouts with the run's newest checkpoint."""
-    train = CliRunner().invoke(
-        app,
-        short_gsm8k_args(tiny_checkpoint, tmp_path, 3, "--dump-rollouts"),
-        catch_exceptions=False,
-    )
+    train = run_cli(short_gsm8k_args(tiny_checkpoint, tmp_path, 3, "--dump-rollouts"))
     assert train.exit_code == 0, train.output
     run, dump = tmp_path / "t", tmp_path / "t" / "rollouts" / "step_000003.jsonl"
     got = inspect_json(dump, run, "--limit", "2")
@@ -201,9 +191,7 @@ def test_a_run_directory_uses_its_newest_checkpoint(tiny_checkpoint, tmp_path):
     assert len(got["samples"]) == 2
     for s in got["samples"]:
         assert len(s["trainer_logprobs"]) == len(s["rollout_logprobs"]) == len(s["positions"])
-    rich = CliRunner().invoke(
-        app,
+    rich = run_cli(
         ["inspect-batch", str(dump), "--model", str(run), "--limit", "2"],
-        env={"COLUMNS": "200"},
     )
     assert rich.exit_code == 0 and "(step 3)" in rich.stdout
