@@ -108,9 +108,7 @@ def rltool_side(batch: dict, spec: CorrectionSpec):
         parts = [batch["samples"][b] for b in members]
         cat = {k: torch.cat([p[k] for p in parts]) for k in ("mask", "old", "rollout", "has")}
         cu = torch.tensor([0, *torch.cumsum(torch.tensor([LENGTHS[b] for b in members]), 0)])
-        rows.append(
-            rc.correct_row(cat["old"], cat["rollout"], cat["mask"], cat["has"], cu, spec)
-        )
+        rows.append(rc.correct_row(cat["old"], cat["rollout"], cat["mask"], cat["has"], cu, spec))
     factor = rc.batch_norm_factor(rows, spec.weights) if spec.batch_normalize else 1.0
     return rows, factor, rc.mismatch_metrics(rows, spec, factor)
 
@@ -236,9 +234,7 @@ def test_presets_mean_what_verls_factories_set() -> None:
         if spec.weights is not None:
             assert str(threshold) == str(verl_cfg.rollout_is_threshold), name
         assert (",".join(c.name for c in spec.reject) or None) == verl_cfg.rollout_rs, name
-        rs = ",".join(
-            f"{c.lower}_{c.upper}" if c.two_sided else f"{c.upper}" for c in spec.reject
-        )
+        rs = ",".join(f"{c.lower}_{c.upper}" if c.two_sided else f"{c.upper}" for c in spec.reject)
         assert (rs or None) == (
             None if verl_cfg.rollout_rs_threshold is None else str(verl_cfg.rollout_rs_threshold)
         ), name
