@@ -29,6 +29,7 @@ import typing
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rltool.config import correction
 from rltool.config.schema import RecipeConfig
 
 
@@ -193,6 +194,9 @@ NAMES: dict[str, Names] = {
     "optimizer.schedule": one_of("constant", "cosine", "linear"),
     "distributed.strategy": one_of("full_shard", "shard_grad_op"),
     "distributed.mixed_precision": one_of("none", "bf16"),
+    "algorithm.rollout_correction.preset": one_of("", *correction.PRESETS),  # "" = none
+    "algorithm.rollout_correction.weights": one_of(*correction.WEIGHTS),
+    "algorithm.rollout_correction.reject[*].criterion": one_of(*correction.CRITERIA),
 }
 
 # names of a registry that a higher layer fills: checked by rltool/app/recipe_names.py

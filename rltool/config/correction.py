@@ -16,6 +16,7 @@ from rltool.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 
 KEY = "algorithm.rollout_correction"
 LEVELS = ("token", "sequence")
+WEIGHTS = ("", "none", *LEVELS)  # "" = the preset's
 # k1 = -log r (r = old / rollout) is bounded on both sides as a ratio [lower, upper]; k2, k3
 # are divergences >= 0 bounded above. token_*: each token; seq_sum/seq_mean/seq_max_*:
 # each sample's sum, mean or max over its tokens, keeping or dropping the whole sample
@@ -75,7 +76,8 @@ PRESETS: dict[str, _Preset] = {
 
 
 def correction_problems(algo: AlgorithmConfig) -> list[str]:
-    """One line per bad ``algorithm.rollout_correction`` setting (empty when it resolves)."""
+    """One line per bad ``algorithm.rollout_correction`` setting (empty when it resolves):
+    its names, then the forms of its thresholds."""
     cfg = algo.rollout_correction
     problems = []
     if cfg.preset and cfg.preset not in PRESETS:
@@ -83,15 +85,26 @@ def correction_problems(algo: AlgorithmConfig) -> list[str]:
             f"{KEY}.preset: unknown {cfg.preset!r}; known: {', '.join(PRESETS)} "
             f"(or a mapping of weights, reject, ...)"
         )
-    if cfg.weights not in ("", "none", *LEVELS):
+    if cfg.weights not in WEIGHTS:
         problems.append(f"{KEY}.weights: unknown {cfg.weights!r}; known: none, token, sequence")
+    for i, item in enumerate(cfg.reject):
+        if item.criterion not in CRITERIA:
+            problems.append(
+                f"{KEY}.reject[{i}].criterion: unknown {item.criterion!r}; "
+                f"known: {', '.join(CRITERIA)}"
+            )
+    return problems or form_problems(algo)
+
+
+def form_problems(algo: AlgorithmConfig) -> list[str]:
+    """One line per threshold of the wrong form; the names were checked already (the
+    recipe loader checks them with every other name, ``config/checks.py``'s ``NAMES``)."""
+    cfg = algo.rollout_correction
+    problems = []
     seen: set[str] = set()
     for i, item in enumerate(cfg.reject):
         where = f"{KEY}.reject[{i}]"
         if item.criterion not in CRITERIA:
-            problems.append(
-                f"{where}.criterion: unknown {item.criterion!r}; known: {', '.join(CRITERIA)}"
-            )
             continue
         if item.criterion in seen:
             problems.append(f"{where}.criterion: {item.criterion} is listed twice")

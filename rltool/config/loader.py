@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rltool.config.checks import check_values
-from rltool.config.correction import correction_problems
+from rltool.config.correction import form_problems
 from rltool.config.schema import RecipeConfig
 
 CONFIGS_DIRNAME = "configs"
@@ -62,7 +62,7 @@ def check_recipe_values(cfg: RecipeConfig, source: str) -> None:
     """ValueError listing every key out of its range or not one of its names, and every
     threshold of the wrong form in ``algorithm.rollout_correction`` (``source`` names the
     recipe)."""
-    raise_problems(check_values(cfg) + correction_problems(cfg.algorithm), source)
+    raise_problems(check_values(cfg) + form_problems(cfg.algorithm), source)
 
 
 def raise_problems(problems: list[str], source: str) -> None:

@@ -50,6 +50,10 @@ def _misspelled(pattern: str) -> tuple[Path, str, str, str]:
         rest = pattern.removeprefix("tasks[*].")
         multitask = RECIPES / "gsm8k_tiny_multitask.yaml"
         return multitask, f"tasks.1.{rest}={bad}", f"tasks[1].{rest}", bad
+    if pattern == "algorithm.rollout_correction.reject[*].criterion":
+        key = "algorithm.rollout_correction.reject"
+        override = f"{key}=[{{criterion: {bad}, upper: 1}}]"
+        return RECIPES / "gsm8k_tiny.yaml", override, f"{key}[0].criterion", bad
     if pattern.endswith("[*]"):
         key = pattern.removesuffix("[*]")
         return RECIPES / "gsm8k_tiny.yaml", f"{key}=[{bad}]", f"{key}[0]", bad

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from short_runs import GSM8K_TINY, short_gsm8k_args
-from typer.testing import CliRunner
 
-from rltool.cli.app import app
 from rltool.training import rollout_correction as rc
 
 
@@ -19,7 +18,7 @@ def test_seq_mis_trains_and_logs_mismatch_every_step(tiny_checkpoint, tmp_path: 
     args = short_gsm8k_args(
         tiny_checkpoint, tmp_path, 2, "algorithm.rollout_correction=seq_mis", "-q"
     )
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = run_cli(args)
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in lines if x["kind"] == "train"]
@@ -34,10 +33,7 @@ def test_seq_mis_trains_and_logs_mismatch_every_step(tiny_checkpoint, tmp_path: 
 
 def test_a_threshold_of_the_wrong_form_exits_2_before_loading(tmp_path: Path) -> None:
     bad = "algorithm.rollout_correction.reject=[{criterion: seq_mean_k1, upper: 1.01}]"
-    result = CliRunner().invoke(
-        app, ["train", str(GSM8K_TINY), bad, "model.path=/nonexistent", "--print-config"]
-    )
+    result = run_cli(["train", GSM8K_TINY, bad, "model.path=/nonexistent", "--print-config"])
     assert result.exit_code == 2
-    text = " ".join(result.output.split())
-    assert "algorithm.rollout_correction.reject[0]: seq_mean_k1" in text
-    assert "set lower and upper" in text
+    assert "algorithm.rollout_correction.reject[0]: seq_mean_k1" in result.output
+    assert "set lower and upper" in result.output
