@@ -2,7 +2,8 @@
 
 ``check_values`` returns one line per bad key (``algorithm.clip_low = 5: must be in
 [0, 1)``); ``load_recipe`` raises them all together. Ranges are written once, in
-``RANGES``, keyed by the full recipe key (``*`` stands for any task index or mapping key).
+``RANGES``, keyed by the full recipe key (``*`` stands for any task index or mapping key);
+the names a key may take, in ``CHOICES``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from rltool.config.schema import RecipeConfig
+from rltool.config.schema import POLICY_LOSS_NAMES, RecipeConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +108,14 @@ RANGES: dict[str, Range] = {
     "algorithm.kl_coef": at_least(0),
     "algorithm.entropy_coef": at_least(0),
     "algorithm.tis_cap": above(0, null=True),
+    "algorithm.sapo.tau_pos": above(0),
+    "algorithm.sapo.tau_neg": above(0),
+    "algorithm.dppo.ratio_cap": above(0),
+    "algorithm.clip_cov.ratio": Range(low=0, high=1, low_open=True),
+    "algorithm.clip_cov.low": at_least(0),
+    "algorithm.clip_cov.high": above(0),
+    "algorithm.kl_cov.ratio": Range(low=0, high=1, low_open=True),
+    "algorithm.kl_cov.coef": at_least(0),
     "algorithm.ppo_epochs": at_least(1),
     "algorithm.mini_batches": at_least(1),
     "algorithm.max_staleness": at_least(0, null=True),
@@ -131,8 +140,16 @@ RANGES: dict[str, Range] = {
 }
 
 
+# the names a key may take, where config/ knows them (registries below config name theirs
+# when the run is built)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "algorithm.policy_loss": POLICY_LOSS_NAMES,
+}
+
+
 def check_values(cfg: RecipeConfig) -> list[str]:
-    """One line per numeric key whose value is out of its range, in schema order."""
+    """One line per numeric key whose value is out of its range, in schema order, then
+    one per named key whose name is unknown."""
     problems = []
     for key, pattern, value in _leaves(cfg, "", ""):
         rule = RANGES.get(pattern)
@@ -140,7 +157,17 @@ def check_values(cfg: RecipeConfig) -> list[str]:
             finite = isinstance(value, float) and not math.isfinite(value)
             must = f"must be a finite number {rule.text()}" if finite else f"must be {rule.text()}"
             problems.append(f"{key} = {_show(value)}: {must}")
+    for key, known in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in known:
+            problems.append(f"{key} = {value!r}: unknown; known: {', '.join(known)}")
     return problems
+
+
+def _get(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def unchecked_numeric_keys() -> list[str]:

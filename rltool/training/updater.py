@@ -43,9 +43,9 @@ from rltool.training.losses import (
     aggregate,
     count_tokens_and_seqs,
     kl_penalty,
-    ppo_policy_loss,
     tis_weights,
 )
+from rltool.training.policy_losses import LossInputs, build_policy_loss
 from rltool.training.routing_replay import RoutingReplay
 from rltool.training.sharding import Shard, full_tensor, rank_slots, reduce_sums
 
@@ -109,6 +109,7 @@ class PolicyUpdater:
         if temperature <= 0:
             raise ValueError(f"the training temperature must be > 0, got {temperature}")
         KL_ESTIMATORS.get(algo.kl_estimator)  # an unknown name fails here, listing the known
+        self.policy_loss = build_policy_loss(algo)  # algorithm.policy_loss, its settings bound
         self.distill = distill or DistillConfig()
         check_distill_config(self.distill)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -209,14 +210,15 @@ class PolicyUpdater:
         )
         old = logp.detach() if old is None else old  # [N]
         advantages = pack.advantages.to(device)  # [N]
-        pl = ppo_policy_loss(logp, old, advantages, algo.clip_low, algo.clip_high, algo.dual_clip)
-        pg = pl.pg  # [N]
         rollout = pack.rollout_logprobs.to(device)  # [N]
         has_rollout = pack.has_rollout_logprobs.to(device)  # [N], from conversion
+        weight = None  # [N] the rollout correction's IS weight; the loss multiplies it in
         if algo.tis_cap is not None:
             weight = tis_weights(old, rollout, algo.tis_cap, has_rollout)  # [N]
-            pg = pg * weight
             sums["tis_weight"] += weight[mask].sum()
+        cu_seq_lens = pack.cu_seq_lens.to(device)  # [S + 1]
+        pl = self.policy_loss(LossInputs(logp, old, advantages, mask, cu_seq_lens, weight))
+        pg = pl.pg  # [N], weighted
 
         def agg(x: torch.Tensor) -> torch.Tensor:
             return aggregate(
