@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rltool.config.schema import AlgorithmConfig
+from rltool.config.schema import AlgorithmConfig, KlCovConfig, SapoConfig
 from rltool.registry import Registry
 from rltool.training.losses import PolicyLoss, ppo_policy_loss, sequence_ids
 
@@ -166,7 +166,7 @@ def cispo(x: LossInputs, s: ClipSettings) -> PolicyLoss:
 
 
 @_register("sapo", lambda algo: algo.sapo)
-def sapo(x: LossInputs, s: Any) -> PolicyLoss:
+def sapo(x: LossInputs, s: SapoConfig) -> PolicyLoss:
     """SAPO: a soft gate instead of a hard clip; its slope at r = 1 is 1, as PPO's::
 
     tau_t = tau_pos if A > 0 else tau_neg
@@ -279,7 +279,7 @@ def clip_cov(x: LossInputs, s: ClipCovSettings) -> PolicyLoss:
 
 
 @_register("kl_cov", lambda algo: algo.kl_cov)
-def kl_cov(x: LossInputs, s: Any) -> PolicyLoss:
+def kl_cov(x: LossInputs, s: KlCovConfig) -> PolicyLoss:
     """KL-Cov: the unclipped surrogate, plus a |log ratio| penalty on the tokens of the
     largest covariance of advantage and logprob::
 
