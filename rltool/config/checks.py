@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rltool.config import correction
-from rltool.config.schema import RecipeConfig
+from rltool.config.schema import POLICY_LOSS_NAMES, RecipeConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,6 +130,14 @@ RANGES: dict[str, Range] = {
     "algorithm.rollout_correction.reject[*].lower": above(0, null=True),
     "algorithm.rollout_correction.reject[*].upper": above(0, null=True),
     "algorithm.rollout_correction.opsm_delta": at_least(0, null=True),
+    "algorithm.sapo.tau_pos": above(0),
+    "algorithm.sapo.tau_neg": above(0),
+    "algorithm.dppo.ratio_cap": above(0),
+    "algorithm.clip_cov.ratio": Range(low=0, high=1, low_open=True),
+    "algorithm.clip_cov.low": at_least(0),
+    "algorithm.clip_cov.high": above(0),
+    "algorithm.kl_cov.ratio": Range(low=0, high=1, low_open=True),
+    "algorithm.kl_cov.coef": at_least(0),
     "algorithm.ppo_epochs": at_least(1),
     "algorithm.mini_batches": at_least(1),
     "algorithm.max_staleness": at_least(0, null=True),
@@ -194,6 +202,7 @@ NAMES: dict[str, Names] = {
     "optimizer.schedule": one_of("constant", "cosine", "linear"),
     "distributed.strategy": one_of("full_shard", "shard_grad_op"),
     "distributed.mixed_precision": one_of("none", "bf16"),
+    "algorithm.policy_loss": one_of(*POLICY_LOSS_NAMES),  # training/policy_losses.py
     "algorithm.rollout_correction.preset": one_of("", *correction.PRESETS),  # "" = none
     "algorithm.rollout_correction.weights": one_of(*correction.WEIGHTS),
     "algorithm.rollout_correction.reject[*].criterion": one_of(*correction.CRITERIA),

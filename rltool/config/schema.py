@@ -195,6 +195,47 @@ class RolloutCorrectionConfig:
     opsm_delta: float | None = None
 
 
+# algorithm.policy_loss: the names rltool/training/policy_losses.py registers (a test keeps
+# the two equal); checked when the recipe loads (config/checks.py CHOICES)
+POLICY_LOSS_NAMES = (
+    "ppo", "gspo", "cispo", "sapo", "geo_mean", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov",
+)  # fmt: skip
+
+
+@dataclass
+class SapoConfig:
+    """``algorithm.sapo``: the soft gate's temperatures (SAPO; verl's tau_pos / tau_neg)."""
+
+    tau_pos: float = 1.0  # tokens with advantage > 0
+    tau_neg: float = 1.05  # tokens with advantage <= 0 (a sharper gate: fewer wrong pushes)
+
+
+@dataclass
+class DppoConfig:
+    """``algorithm.dppo``: DPPO's truncated ratio (dppo_tv, dppo_kl); the divergence
+    thresholds are ``algorithm.clip_low`` / ``clip_high``."""
+
+    ratio_cap: float = 20.0  # the detached ratio is truncated here (large: little bias)
+
+
+@dataclass
+class ClipCovConfig:
+    """``algorithm.clip_cov``: detach a random share of the tokens whose covariance of
+    advantage and logprob lies in (low, high)."""
+
+    ratio: float = 0.0002  # share of the row's loss tokens detached (at least one)
+    low: float = 1.0
+    high: float = 5.0
+
+
+@dataclass
+class KlCovConfig:
+    """``algorithm.kl_cov``: a |log ratio| penalty on the tokens of largest covariance."""
+
+    ratio: float = 0.0002  # share of the row's loss tokens penalised (at least one)
+    coef: float = 0.1  # weight of |logp - old| on them (verl's ppo_kl_coef)
+
+
 @dataclass
 class AlgorithmConfig:
     estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp
@@ -203,6 +244,13 @@ class AlgorithmConfig:
     clip_high: float = 0.2
     dual_clip: float | None = 3.0  # None = off; must be > 1
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    # the per-token policy loss (POLICY_LOSS_NAMES; docs/losses.md); ppo, gspo, cispo, geo_mean,
+    # dppo_*, clip_cov read clip_low / clip_high, ppo also dual_clip
+    policy_loss: str = "ppo"
+    sapo: SapoConfig = field(default_factory=SapoConfig)
+    dppo: DppoConfig = field(default_factory=DppoConfig)
+    clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
+    kl_cov: KlCovConfig = field(default_factory=KlCovConfig)
     kl_coef: float = 0.0  # KL to a frozen reference as a loss; 0 = no reference model
     kl_estimator: str = "k3"  # k1 | k2 | k3
     entropy_coef: float = 0.0

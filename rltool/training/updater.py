@@ -42,8 +42,8 @@ from rltool.training.losses import (
     aggregate,
     count_tokens_and_seqs,
     kl_penalty,
-    ppo_policy_loss,
 )
+from rltool.training.policy_losses import LossInputs, build_policy_loss
 from rltool.training.rollout_correction import (
     OPSM_FRAC,
     OPSM_SEQ_FRAC,
@@ -112,6 +112,7 @@ class PolicyUpdater:
         assert temperature > 0, temperature
         self.correction = resolve_correction(algo)  # weights and rejection (rollout_correction.py)
         self._norm = 1.0  # this step's batch-normalisation factor of the weights
+        self.policy_loss = build_policy_loss(algo)  # algorithm.policy_loss, its settings bound
         self.distill = distill or DistillConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.algo, self.ref_model = algo, ref_model
@@ -241,15 +242,17 @@ class PolicyUpdater:
         )
         old = logp.detach() if old is None else old  # [N]
         advantages = pack.advantages.to(device)  # [N]
-        pl = ppo_policy_loss(logp, old, advantages, algo.clip_low, algo.clip_high, algo.dual_clip)
-        pg = pl.pg  # [N]
         rollout = pack.rollout_logprobs.to(device)  # [N]
         has_rollout = pack.has_rollout_logprobs.to(device)  # [N], from conversion
         if row not in corr and mask.any():  # padding slots (mask all off) are not corrected
             corr[row] = self._correct(pack, old)
         weight, keep = self._weight_and_keep(pack, corr.get(row), logp, mask, sums)  # [N] each
-        if weight is not None:
-            pg = pg * weight
+        cu_seq_lens = pack.cu_seq_lens.to(device)  # [S + 1]
+        # the loss sees verl's modified mask (sequence-level losses average over kept tokens);
+        # the aggregation below still counts every supervised token
+        loss_mask = mask if keep is None else mask & keep  # [N]
+        pl = self.policy_loss(LossInputs(logp, old, advantages, loss_mask, cu_seq_lens, weight))
+        pg = pl.pg  # [N], weighted
 
         def agg(x: torch.Tensor) -> torch.Tensor:
             # a rejected token leaves the loss, not the counts the aggregation divides by
