@@ -20,10 +20,10 @@ import time
 import numpy as np
 import torch
 
+from rltool.app.demo_model import ensure_builtin_models
 from rltool.app.run import build_updater
 from rltool.config.correction import resolve_correction
 from rltool.config.loader import load_recipe
-from rltool.app.demo_model import ensure_builtin_models
 from rltool.models import load_model_and_tokenizer
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 from rltool.training.convert import ConversionConfig, convert_groups
