@@ -88,6 +88,7 @@ def test_rollout_state_dict_is_merged_under_the_base_names_and_leaves_the_policy
     # the base model a shared engine holds (peft's layers inside) gives the same weights
     from_base = rollout_state_dict(engine_model(policy))
     assert set(from_base) == set(weights)
+    # bit-equal: both merge the same tensors with the same operations
     assert all(torch.equal(from_base[k], weights[k]) for k in weights)
 
 

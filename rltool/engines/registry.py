@@ -3,7 +3,7 @@
 An engine registers a builder under its name in the module that defines it
 (``@ENGINES.register("hf")``); ``build_engine`` is the one place an engine is
 built. A module that registers an engine imports its heavy dependencies inside
-the builder, so ``check_engine_name`` can list every engine without them.
+the builder, so the recipe check (``app/recipe_names.py``) lists every engine without them.
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ ENGINES: Registry[EngineBuilder] = Registry(
     "rollout.engine",
     builtin_modules=("rltool.engines.hf", "rltool.engines.openai_server", "rltool.engines.vllm"),
 )
-
-
-def check_engine_name(name: str) -> None:
-    """A ValueError listing the known engines if ``name`` is not one; loads no model."""
-    ENGINES.get(name)
 
 
 def build_engine(

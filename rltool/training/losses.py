@@ -1,4 +1,4 @@
-"""The policy loss: PPO/GRPO clipping, truncated IS, KL to a reference, aggregation.
+"""The policy loss: PPO/GRPO clipping, KL to a reference, aggregation.
 
 Shape legend: N = tokens in one packed row (one micro-batch), S = samples in it.
 Every function is pure and works on per-token tensors of one row.
@@ -15,7 +15,7 @@ import torch
 from rltool.registry import Registry
 
 # exp() of a log-ratio beyond this overflows float32 or means the sample is garbage
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
 
 # d = ref_logp - logp [N] -> per-token KL estimate [N]
 KLEstimator = Callable[[torch.Tensor], torch.Tensor]
@@ -51,7 +51,7 @@ def ppo_policy_loss(
     advantage pushes it. For A < 0 the unclipped term -A r grows without bound as
     r grows; the dual clip caps the loss at -A * dual_clip (gradient 0 beyond).
     """
-    log_ratio = (logp - old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N]
+    log_ratio = (logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [N]
     ratio = torch.exp(log_ratio)  # [N]
     pg_unclipped = -advantages * ratio  # [N]
     pg_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [N]
@@ -63,22 +63,6 @@ def ppo_policy_loss(
         pg = torch.where(dual_active, pg_dual, pg)  # [N]
         clipped = clipped | dual_active
     return PolicyLoss(pg=pg, ratio=ratio.detach(), clipped=clipped)
-
-
-def tis_weights(
-    old_logp: torch.Tensor,
-    rollout_logp: torch.Tensor,
-    cap: float,
-    has_rollout: torch.Tensor,
-) -> torch.Tensor:
-    """Truncated importance weight old/rollout = min(exp(old - rollout), cap), detached.
-
-    ``has_rollout`` ([N] bool) is False for tokens of samples whose engine
-    returned no logprobs: those get weight 1 (no correction possible).
-    """
-    log_w = (old_logp - rollout_logp).detach().clamp(max=_MAX_LOG_RATIO)  # [N]
-    weight = torch.exp(log_w).clamp(max=cap)  # [N]
-    return torch.where(has_rollout, weight, torch.ones_like(weight))  # [N]
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -102,7 +86,7 @@ def kl_k2(d: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(d: torch.Tensor) -> torch.Tensor:
-    d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N]
+    d = d.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [N]
     return torch.exp(d) - d - 1.0  # [N]
 
 

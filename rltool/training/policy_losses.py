@@ -21,10 +21,9 @@ import torch
 
 from rltool.config.schema import AlgorithmConfig, KlCovConfig, SapoConfig
 from rltool.registry import Registry
-from rltool.training.losses import PolicyLoss, ppo_policy_loss, sequence_ids
+from rltool.training.losses import MAX_LOG_RATIO, PolicyLoss, ppo_policy_loss, sequence_ids
 
 # exp() of a log-ratio beyond this overflows float32 or means the sample is garbage
-_MAX_LOG_RATIO = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +117,7 @@ def _per_sample(x: LossInputs, values: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def _ratio(x: LossInputs) -> torch.Tensor:
-    log_ratio = (x.logp - x.old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N]
+    log_ratio = (x.logp - x.old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [N]
     return torch.exp(log_ratio)  # [N]
 
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from rltool.config.correction import CorrectionSpec, Criterion
-from rltool.training.losses import sequence_ids
+from rltool.training.losses import MAX_LOG_RATIO, sequence_ids
 
-SAFETY_BOUND = 20.0  # exp() of a log ratio beyond it overflows or means garbage (as verl)
+SAFETY_BOUND = MAX_LOG_RATIO  # verl's bound too: exp() beyond it overflows or means garbage
 
 # --- metric names, each spelled once -----------------------------------------------------
 TRAINING_PPL = "mismatch/training_ppl"  # mean over samples of exp(-mean old logprob)

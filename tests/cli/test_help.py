@@ -6,12 +6,9 @@ from __future__ import annotations
 import inspect
 import re
 
-from typer.testing import CliRunner
+from cli_runner import run_cli
 
 from rltool.cli.app import app
-
-WIDE = {"COLUMNS": "200"}  # wide enough for every summary: the test is about the docstrings
-runner = CliRunner()
 
 
 def _summaries() -> dict[str, str]:
@@ -33,7 +30,7 @@ def test_each_docstring_starts_with_a_one_line_summary() -> None:
 
 
 def test_top_level_help_shows_each_summary_on_one_line() -> None:
-    result = runner.invoke(app, ["--help"], env=WIDE)
+    result = run_cli(["--help"])  # a wide terminal: the test is about the docstrings
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     for name, summary in _summaries().items():
@@ -46,6 +43,6 @@ def test_top_level_help_shows_each_summary_on_one_line() -> None:
 
 
 def test_report_help_names_the_extra() -> None:
-    result = runner.invoke(app, ["report", "--help"], env=WIDE)
+    result = run_cli(["report", "--help"])
     assert result.exit_code == 0, result.output
-    assert "pip install 'rltool[report]'" in " ".join(result.stdout.split())
+    assert "pip install 'rltool[report]'" in result.stdout

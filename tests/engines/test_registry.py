@@ -9,16 +9,16 @@ from transformers import Qwen2ForCausalLM
 from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import ModelConfig, RolloutConfig
 from rltool.engines.hf import HFEngine
-from rltool.engines.registry import ENGINES, build_engine, check_engine_name
+from rltool.engines.registry import ENGINES, build_engine
 
 
 def test_an_unknown_engine_names_the_recipe_key_and_lists_the_known_ones():
     assert "hf" in ENGINES.names()
-    check_engine_name("hf")
+    ENGINES.get("hf")
     with pytest.raises(
         ValueError, match=r"rollout.engine: unknown rollout engine 'nope'; known: hf"
     ):
-        check_engine_name("nope")
+        ENGINES.get("nope")
     with pytest.raises(ValueError, match=r"known: hf"):
         build_engine(RolloutConfig(engine="nope"), ModelConfig(), None, None)
 

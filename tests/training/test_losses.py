@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from rltool.config.correction import CorrectionSpec
 from rltool.training.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -15,8 +16,8 @@ from rltool.training.losses import (
     kl_penalty,
     ppo_policy_loss,
     sequence_ids,
-    tis_weights,
 )
+from rltool.training.rollout_correction import correct_row
 
 # one token per clip case; clip 0.2 both sides, dual clip 3, old logp 0 so ratio = exp(logp)
 CASES = [
@@ -54,7 +55,9 @@ def test_tis_weight_is_capped_detached_and_one_without_rollout_logprobs() -> Non
     old = torch.tensor([0.0, -1.0, -0.1, 0.0], requires_grad=True)
     rollout = torch.tensor([-1.0, 0.0, -0.1, -3.0])
     has = torch.tensor([True, True, True, False])
-    w = tis_weights(old, rollout, 2.0, has)
+    spec = CorrectionSpec(weights="token", upper=2.0)  # token_tis with cap 2 (tis_cap)
+    mask, cu_seq_lens = torch.ones(4, dtype=torch.bool), torch.tensor([0, 4])
+    w = correct_row(old, rollout, mask, has, cu_seq_lens, spec).weight
     # exp(1) = 2.718 -> cap 2; exp(-1); exp(0); no rollout logprobs -> 1
     assert w.tolist() == pytest.approx([2.0, math.exp(-1.0), 1.0, 1.0], abs=1e-6)
     assert not w.requires_grad
