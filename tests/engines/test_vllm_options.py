@@ -13,7 +13,7 @@ from rltool.config.loader import load_recipe
 from rltool.config.schema import ModelConfig, RolloutConfig, VLLMConfig
 from rltool.engines.base import eos_ids
 from rltool.engines.chunked import first_stop
-from rltool.engines.registry import ENGINES, build_engine, check_engine_name
+from rltool.engines.registry import ENGINES, build_engine
 from rltool.engines.vllm import llm_options
 from rltool.engines.vllm_worker import EXTENSION
 
@@ -22,7 +22,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_vllm_is_a_known_engine_without_importing_vllm():
-    check_engine_name("vllm")
+    ENGINES.get("vllm")
     assert {"hf", "vllm"} <= set(ENGINES.names())
 
 
