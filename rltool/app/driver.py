@@ -42,6 +42,7 @@ from rltool.config.loader import (
     recipe_to_yaml,
 )
 from rltool.config.schema import RecipeConfig
+from rltool.engines.base import ServersDown
 from rltool.rollout.io import write_rollouts
 
 
@@ -49,7 +50,7 @@ from rltool.rollout.io import write_rollouts
 class TrainOutcome:
     run_dir: Path
     steps_done: int
-    stopped_by: str  # "steps" | "time_budget" | "SIGINT" | "SIGTERM" | "failures"
+    stopped_by: str  # "steps" | "time_budget" | "SIGINT" | "SIGTERM" | "failures" | "servers_down"
     first_eval: dict[str, float]
     last_eval: dict[str, float]
     failures: dict[str, int] = field(default_factory=dict)  # failed samples by reason, run-wide
@@ -159,9 +160,10 @@ def _scores(line: dict) -> dict[str, float]:
 
 def _step(
     run: Run, run_dir: Path, view: RunView, dump: bool
-) -> tuple[dict[str, float], list, list]:
+) -> tuple[dict[str, float], list, list, str | None]:
     """One train step: the producer's batch, fit, then the new weights to the workers;
-    returns the metrics, the groups the trainer skipped, and the step's FAILED groups."""
+    returns the metrics, the groups the trainer skipped, the step's FAILED groups, and
+    why no rollout server is left to take the weights (None: the weights went out)."""
     t_step = time.perf_counter()
     produced = run.producer.produce(run.step + 1)
     t_gen = time.perf_counter() - t_step
@@ -178,13 +180,17 @@ def _step(
     result = run.controller.fit(groups, train_step=run.step + 1)
     overlap = run.producer.generation_overlap(train_start, time.time())
     run.step += 1
-    sync_weights(run)
+    servers_down = None
+    try:
+        sync_weights(run)
+    except ServersDown as exc:  # the step stays (metrics, final checkpoint); the run stops
+        servers_down = str(exc)
     metrics = {**produced.metrics(), **result.metrics}
     if run.shard is not None:
         metrics["dist/world_size"] = float(run.shard.world_size)
     metrics |= {mn.TIME_GENERATE: t_gen, mn.TIME_OVERLAP: overlap}
     metrics[mn.TIME_STEP] = time.perf_counter() - t_step
-    return metrics, result.batch.skipped_groups, produced.failed_groups
+    return metrics, result.batch.skipped_groups, produced.failed_groups, servers_down
 
 
 def _loop(
@@ -205,7 +211,7 @@ def _loop(
     else:
         first_eval, last_eval = (_scores(evals[0]), _scores(evals[-1])) if evals else ({}, {})
         last_eval_step = evals[-1]["step"] if evals else -1
-    stopped_by, eval_error = "steps", None
+    stopped_by, eval_error, servers_down = "steps", None, None
     saved, saved_at = None, None
     first_step, unsaved_from = len(run.history), len(run.history)  # history index
     seen: set[str] = set()  # failure reasons shown in full already
@@ -213,13 +219,16 @@ def _loop(
     stop = StopRequest()
     with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
         while run.step < cfg.steps:
-            metrics, skipped, failed = _step(run, run_dir, view, dump)
+            metrics, skipped, failed, servers_down = _step(run, run_dir, view, dump)
             run.history.append(metrics)
             writer.write(run.step, metrics, kind="train")
             view.step_line(run.step, metrics, skipped)
             for reason, example in new_failures(failed, seen):
                 view.failure(reason, example)
             advance()
+            if servers_down is not None:
+                stopped_by = "servers_down"
+                break
             if failed_streak(run.history) >= cfg.max_failed_steps:
                 stopped_by = "failures"
                 break
@@ -257,6 +266,8 @@ def _loop(
     outcome.failures = run_failures(run.history)
     if eval_error is not None:
         outcome.stopped_by, outcome.failure = "failures", eval_error
+    elif stopped_by == "servers_down":
+        outcome.failure = f"stopped after step {run.step}: {servers_down}"
     elif stopped_by == "failures":
         outcome.failure = stop_message(failed_streak(run.history), outcome.failures)
     elif len(run.history) > first_step and trained_samples(run.history) == 0:

@@ -36,7 +36,8 @@ def train(
 
     Exit 130 / 143 after a clean stop on Ctrl-C / SIGTERM (the checkpoint is saved); exit 3
     when the run trained on no sample at all, or stopped because every sample failed
-    trainer.max_failed_steps steps in a row (the failure reasons are printed)."""
+    trainer.max_failed_steps steps in a row (the failure reasons are printed), or no
+    rollout server is left (each one named)."""
     from rltool.config.loader import load_recipe, recipe_to_yaml, resume_recipe
 
     overrides = list(overrides or [])
@@ -67,6 +68,7 @@ def train(
 
     from rltool.app.driver import train as run_training
     from rltool.app.failed_steps import EXIT_TRAINED_NOTHING
+    from rltool.engines.base import ServersDown
     from rltool.report.train_view import TrainView
 
     view = TrainView(quiet=quiet)
@@ -75,6 +77,9 @@ def train(
     except (ValueError, FileNotFoundError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
+    except ServersDown as exc:  # at start or resume (weights pushed); mid-run: outcome.failure
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(EXIT_TRAINED_NOTHING) from exc
     except KeyboardInterrupt as exc:  # a second Ctrl-C: stop now, without a save
         Console(stderr=True).print(
             "[bold yellow]aborted[/] by a second Ctrl-C; the newest complete checkpoint stays "

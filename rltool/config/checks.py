@@ -104,6 +104,7 @@ RANGES: dict[str, Range] = {
     "rollout.server.timeout_s": above(0),
     "rollout.server.retries": at_least(0),
     "rollout.server.concurrency": at_least(1),
+    "rollout.server.deadline_s": above(0, null=True),
     "rollout.vllm.gpu_memory_utilization": Range(low=0, high=1, low_open=True),
     "rollout.vllm.tensor_parallel_size": at_least(1),
     "rollout.vllm.max_model_len": at_least(1, null=True),

@@ -55,6 +55,9 @@ class ServerOptions:
     timeout_s: float = 600.0  # one completions request, connect to last byte
     retries: int = 2  # other servers tried after a request fails on one
     concurrency: int = 8  # requests in flight per server
+    # the most seconds one round of requests (a generate; each chunk with chunk_tokens)
+    # waits, queueing and retries included; null = each request timeout_s per attempt
+    deadline_s: float | None = None
     # weight updates: a directory every server can read, and the collective_rpc method of
     # the server's worker extension that loads a safetensors file from it
     weights_dir: str = ""  # "" = weights cannot be updated (the run fails at the first sync)

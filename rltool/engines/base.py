@@ -20,6 +20,11 @@ import torch
 from rltool.config.schema import SamplingConfig
 
 
+class ServersDown(ConnectionError):
+    """No rollout server is left to answer (each dead, hung or past its deadline); the
+    message names every server and why. ``rltool train`` stops on it (exit 3)."""
+
+
 @dataclass(slots=True)
 class Generation:
     token_ids: list[int]  # [R] generated tokens, EOS included when emitted, no padding

@@ -188,7 +188,12 @@ def build_openai_server_engine(
                 "variable is not set (or empty); export the servers' API key in it"
             )
     pool = ServerPool(
-        rollout.servers, opts.timeout_s, opts.retries, opts.concurrency, api_key=api_key
+        rollout.servers,
+        opts.timeout_s,
+        opts.retries,
+        opts.concurrency,
+        api_key=api_key,
+        deadline_s=opts.deadline_s,
     )
     return OpenAIServerEngine(
         pool,
