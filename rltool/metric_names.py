@@ -24,6 +24,7 @@ DATA_RESPONSE_LEN_MEAN = f"{DATA_RESPONSE_LEN}/mean"
 ROLLOUT_REWARD_MEAN = "rollout/reward_mean"
 ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len/mean"  # response_ids, tool tokens included
 ROLLOUT_TRUNCATED_FRAC = "rollout/truncated_frac"
+ROLLOUT_SERVERS_DROPPED = "rollout/servers_dropped"  # hung or down (engines/openai_server.py)
 
 # ---- failures/*: FAILED samples of the step by short reason (produce/result.py)
 FAILURES = "failures/"  # + a short reason (rollout/failures.py)

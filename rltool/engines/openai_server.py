@@ -26,6 +26,7 @@ from rltool.engines.openai_pool import ServerPool
 from rltool.engines.registry import ENGINES
 from rltool.engines.vllm_worker import EXTENSION
 from rltool.engines.weight_handoff import write_weights_file
+from rltool.metric_names import ROLLOUT_SERVERS_DROPPED
 
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
@@ -107,7 +108,7 @@ class OpenAIServerEngine(ChunkedEngine):
 
     def pop_metrics(self) -> dict[str, float]:
         retried, dropped = self.pool.pop_counts()
-        return {"rollout/server_retries": float(retried), "rollout/servers_dropped": float(dropped)}
+        return {"rollout/server_retries": float(retried), ROLLOUT_SERVERS_DROPPED: float(dropped)}
 
     def shutdown(self) -> None:
         self.pool.close()

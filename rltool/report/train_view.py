@@ -165,6 +165,12 @@ class TrainView:
         failed = failure_counts(metrics)
         if failed is not None:
             self.console.print(f"           [yellow]failed samples: {escape(failed)}[/]")
+        dropped = int(metrics.get(mn.ROLLOUT_SERVERS_DROPPED, 0))
+        if dropped:
+            self.console.print(
+                f"           [yellow]rollout servers dropped: {dropped} (hung or down; each "
+                "named in a warning; the run goes on with the others)[/]"
+            )
 
     def failure(self, reason: str, example: RolloutState) -> None:
         """A reason seen for the first time in the run: one sample's whole error."""
