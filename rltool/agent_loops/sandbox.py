@@ -230,7 +230,8 @@ class SandboxLoop(AgentLoop):
         }
         env = {
             **default_env(),
-            "RLTOOL_BASE_URL": f"http://localhost/s/{job.session_id}/v1",
+            # its own session's path and token: the socket is shared by the call's sandboxes
+            "RLTOOL_BASE_URL": f"http://localhost{server.session_path(job.session_id)}",
             "RLTOOL_TASK_FILE": f"/work/{TASK_FILE}",
         }
         return SandboxSpec(
