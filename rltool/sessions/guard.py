@@ -4,7 +4,7 @@ request, and a cap on one session's requests in flight.
 Untrusted sandbox code reaches the server; these keep it from exhausting the trainer's
 file descriptors (held sockets) or its event loop (a slowloris client sending a request
 byte by byte), and keep refusals out of the log but one line per kind.
-Design: docs/agent-loops.md#limits-of-the-session-server
+Design: docs/agent-loops.md#limits
 """
 
 from __future__ import annotations
