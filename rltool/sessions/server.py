@@ -160,7 +160,9 @@ class SessionServer:
             ws="none",
             lifespan="off",
             log_config=None,  # the host program's logging stays as it is
-            log_level="warning",
+            # not "warning": uvicorn warns once per malformed request, which sandbox code
+            # could send by the thousand (our own guards log once and count)
+            log_level="error",
             access_log=False,
             backlog=BACKLOG,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,

@@ -192,3 +192,16 @@ def test_connections_past_the_cap_are_closed_at_once(tokenizer, caplog):
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     assert max(waits) < 5.0 and server.guard.refused == 10
     assert len([r for r in caplog.records if "max_connections" in r.getMessage()]) == 1
+
+
+def test_a_flood_of_malformed_requests_is_not_a_flood_of_log_lines(tokenizer, caplog):
+    with (
+        SessionServer(FixedReplyEngine(tokenizer), tokenizer) as server,
+        caplog.at_level(logging.DEBUG),
+    ):
+        for _ in range(100):
+            with connect(server) as sock:
+                sock.sendall(b"NOT HTTP\r\n\r\n")
+                assert sock.recv(4096).startswith(b"HTTP/1.1 400")
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 0
