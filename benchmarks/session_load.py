@@ -57,7 +57,8 @@ class InstantEngine(RolloutEngine):
 
 
 def serve(sessions: int) -> None:
-    """The server process: opens sessions s0.., prints its URL, serves until stdin closes."""
+    """The server process: opens sessions s0.., prints its URL and then their paths (with
+    their tokens) as one JSON line, serves until stdin closes."""
     from rltool.demo.tokenizer import train_demo_tokenizer
     from rltool.sessions import TOOL_CHAT_TEMPLATE, SessionServer
 
@@ -67,6 +68,8 @@ def serve(sessions: int) -> None:
         for i in range(sessions):
             server.open_session(f"s{i}")
         print(server.url, flush=True)
+        paths = {f"s{i}": server.session_path(f"s{i}") for i in range(sessions)}
+        print(json.dumps(paths), flush=True)
         done = threading.Event()
         threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
         done.wait(SERVER_LIFETIME_S)
@@ -77,15 +80,16 @@ def kb(pid: int, field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M)[1])
 
 
-def run_session(http: httpx.Client, url: str, sid: str, turns: int, start: threading.Barrier):
-    """M turns of one session: (latency s, status) per turn."""
+def run_session(http: httpx.Client, base: str, turns: int, start: threading.Barrier):
+    """M turns of the session at ``base`` (its URL, token included): (latency s, status) per
+    turn."""
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     out = []
     start.wait()
     for t in range(turns):
         began = time.perf_counter()
         try:
-            r = http.post(f"{url}/s/{sid}/v1/chat/completions", json={"messages": messages})
+            r = http.post(f"{base}/chat/completions", json={"messages": messages})
             status = r.status_code
         except httpx.HTTPError as exc:  # counted as unanswered, by kind
             status = type(exc).__name__
@@ -99,12 +103,12 @@ def run_session(http: httpx.Client, url: str, sid: str, turns: int, start: threa
     return out
 
 
-def big_body(url: str, size: int) -> tuple[float, int, bytes]:
+def big_body(url: str, path: str, size: int) -> tuple[float, int, bytes]:
     """Send ``size`` bytes of body at full speed until the server answers:
     (seconds, body bytes sent by then, status line)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     chunk = b"x" * 2**20
-    head = f"POST /s/s0/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+    head = f"POST {path}/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
     head += f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
     began = time.perf_counter()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -140,6 +144,7 @@ def main() -> None:
         url = proc.stdout.readline().strip()
         if not url.startswith("http://127.0.0.1:"):
             raise SystemExit(f"the server process did not start (printed {url!r})")
+        paths = json.loads(proc.stdout.readline())
         rss_idle = kb(proc.pid, "VmRSS")
         start = threading.Barrier(args.sessions)
         limits = httpx.Limits(max_connections=args.sessions)
@@ -149,7 +154,8 @@ def main() -> None:
             ThreadPoolExecutor(args.sessions) as pool,
         ):
             runs = pool.map(
-                lambda i: run_session(http, url, f"s{i}", args.turns, start), range(args.sessions)
+                lambda i: run_session(http, url + paths[f"s{i}"], args.turns, start),
+                range(args.sessions),
             )
             turns = [t for run in runs for t in run]
         wall = time.perf_counter() - began
@@ -162,7 +168,7 @@ def main() -> None:
 
         Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
         rss_before = kb(proc.pid, "VmRSS")
-        seconds, sent, status_line = big_body(url, BIG_BODY)
+        seconds, sent, status_line = big_body(url, paths["s0"], BIG_BODY)
         growth = kb(proc.pid, "VmHWM") - rss_before
         after = httpx.get(url + "/health").status_code
     finally:

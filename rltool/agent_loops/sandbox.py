@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +46,8 @@ from rltool.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxSpec
 from rltool.sandbox.probe import sandbox_problems
 from rltool.sessions import SessionServer
 from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
+
+log = logging.getLogger(__name__)
 
 AGENT_DIR = "/agent"  # where the agent script is bound read-only
 CHECK_DIR = "/check"  # where a task's check_files are bound read-only
@@ -91,6 +95,21 @@ def _limits(values: Mapping[str, Any], option: str) -> SandboxLimits:
         return SandboxLimits(**values)
     except TypeError as exc:
         raise ValueError(f"agent_loop.options.{option}: {exc}") from exc
+
+
+def memory_bound_line(limits: SandboxLimits, max_concurrent: int) -> str:
+    """The memory the agent sandboxes can hold, as computed (rlimits bound each process, not
+    the sandbox: docs/sandbox.md#resource-limits)."""
+    gib = 2**30
+    one = limits.memory_bound_bytes
+    return (
+        f"sandbox loop: each agent sandbox can hold at most {one / gib:.1f} GiB "
+        f"(max_processes {limits.max_processes} x memory_bytes {limits.memory_bytes / gib:.2f}"
+        f" GiB + /tmp and /dev/shm {2 * limits.tmp_bytes / gib:.2f} GiB; as root add its work "
+        f"dir tmpfs, disk_bytes {limits.disk_bytes / gib:.2f} GiB); {max_concurrent} at once: "
+        f"{max_concurrent * one / gib:.1f} GiB. Lower limits.memory_bytes or "
+        "limits.max_processes to tighten it"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +165,15 @@ class SandboxLoop(AgentLoop):
         self.honor_sampling = honor_sampling
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
+        # shown (a warning) when the agent sandboxes together could exhaust this machine
+        bound = max_concurrent * self.limits.memory_bound_bytes
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        log.log(
+            logging.WARNING if bound > host else logging.INFO,
+            "%s (this machine: %.1f GiB)",
+            memory_bound_line(self.limits, max_concurrent),
+            host / 2**30,
+        )
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
@@ -230,7 +258,8 @@ class SandboxLoop(AgentLoop):
         }
         env = {
             **default_env(),
-            "RLTOOL_BASE_URL": f"http://localhost/s/{job.session_id}/v1",
+            # its own session's path and token: the socket is shared by the call's sandboxes
+            "RLTOOL_BASE_URL": f"http://localhost{server.session_path(job.session_id)}",
             "RLTOOL_TASK_FILE": f"/work/{TASK_FILE}",
         }
         return SandboxSpec(

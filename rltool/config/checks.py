@@ -160,6 +160,13 @@ RANGES: dict[str, Range] = {
     "trainer.max_failed_steps": at_least(1),
     "distributed.nproc_per_node": at_least(1),
     "distributed.nnodes": at_least(1),
+    # the sandbox loop's limits (options are a free map: these match by their whole key);
+    # 16 descriptors start an interpreter, 2**20 is Linux's default nr_open
+    **{
+        f"{where}agent_loop.options.{limits}.max_open_files": Range(low=16, high=2**20)
+        for where in ("", "tasks[*].")
+        for limits in ("limits", "check_limits")
+    },
 }
 
 
@@ -269,6 +276,8 @@ def check_value(key: str, value: Any, pattern: str | None = None) -> str | None:
     ``key``), or None when it is good or the key has no rule here."""
     pattern = key if pattern is None else pattern
     names, rule = NAMES.get(pattern), RANGES.get(pattern)
+    if rule is None:  # a key inside a free map (agent_loop.options.*) is matched whole
+        rule = RANGES.get(re.sub(r"\[\d+\]", "[*]", key))
     if names is not None and not names.allows(value):
         return name_problem(key, value, names.known())
     if rule is not None and not rule.allows(value):

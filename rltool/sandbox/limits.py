@@ -1,8 +1,8 @@
 """Resource limits of one sandboxed command, and the ``prlimit`` prefix that applies them.
 
 Every limit but the wall clock and the work dir's ``disk_bytes`` is an rlimit set inside
-the sandbox; the real memory bound of a sandbox is ``max_processes * memory_bytes`` (plus
-its tmpfs).
+the sandbox; the real memory bound of a sandbox is ``memory_bound_bytes``: the address
+space of every process it may have, plus its tmpfs.
 Design: docs/sandbox.md#resource-limits
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 PRLIMIT = "/usr/bin/prlimit"  # util-linux; the sandbox sees the host's /usr read-only
+MIN_OPEN_FILES = 16  # a Python interpreter holds about ten descriptors once started
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +22,9 @@ class SandboxLimits:
     """RLIMIT_AS per process: address space, not resident memory; allocations beyond it fail."""
     max_processes: int = 64
     """RLIMIT_NPROC for the sandbox (its bwrap init and every thread count); fork fails past it."""
+    max_open_files: int = 64
+    """RLIMIT_NOFILE per process: descriptors (files, sockets, pipes) it may hold at once; past
+    it open/socket fail with EMFILE. Keeps held sockets from draining the trainer's fds."""
     max_file_bytes: int = 64 << 20
     """RLIMIT_FSIZE: no single file can be written past this size (SIGXFSZ / EFBIG)."""
     wall_clock_s: float = 120.0
@@ -46,6 +50,18 @@ class SandboxLimits:
                 f"SandboxLimits.max_processes must be at least 2 (init + command), "
                 f"got {self.max_processes}"
             )
+        if self.max_open_files < MIN_OPEN_FILES:
+            raise ValueError(
+                f"SandboxLimits.max_open_files must be at least {MIN_OPEN_FILES} (an interpreter "
+                f"needs about ten to start), got {self.max_open_files}"
+            )
+
+    @property
+    def memory_bound_bytes(self) -> int:
+        """What one sandbox can hold in memory at most: RLIMIT_AS per process times the
+        process cap (threads share an address space, so fewer in practice), plus its /tmp and
+        /dev/shm tmpfs. As root the work dir is a tmpfs too: add ``disk_bytes``."""
+        return self.max_processes * self.memory_bytes + 2 * self.tmp_bytes
 
 
 def prlimit_argv(limits: SandboxLimits) -> list[str]:
@@ -62,6 +78,7 @@ def prlimit_argv(limits: SandboxLimits) -> list[str]:
         f"--as={limits.memory_bytes}",
         f"--nproc={limits.max_processes}",
         f"--fsize={limits.max_file_bytes}",
+        f"--nofile={limits.max_open_files}",
         "--core=0",
         "--",
     ]

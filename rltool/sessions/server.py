@@ -1,13 +1,15 @@
 """The session server: an OpenAI-compatible HTTP endpoint that records each session.
 
 An ASGI app (asgi.py) served by uvicorn on its own thread and event loop, on loopback and
-optionally on a Unix socket; each session has its own base URL, so the official ``openai``
-client works unmodified. Design: docs/agent-loops.md#the-session-server
+optionally on a Unix socket; each session has its own base URL, holding a secret token
+that every request of the session must carry, so the official ``openai`` client works
+unmodified. Design: docs/agent-loops.md#the-session-server
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import logging
 import os
@@ -25,6 +27,13 @@ from rltool.config.schema import SamplingConfig
 from rltool.engines.base import RolloutEngine
 from rltool.engines.batcher import GenerationBatcher
 from rltool.sessions.asgi import build_app
+from rltool.sessions.guard import (
+    MAX_SESSION_REQUESTS,
+    READ_TIMEOUT_S,
+    ConnectionGuard,
+    SessionSlots,
+    default_max_connections,
+)
 from rltool.sessions.protocol import ApiError, chat_response, parse_chat_request
 from rltool.sessions.session import Session
 from rltool.sessions.tool_calls import parse_reply
@@ -78,6 +87,9 @@ class SessionServer:
         honor_sampling: bool = False,
         api_key: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_session_requests: int = MAX_SESSION_REQUESTS,
+        max_connections: int | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ):
         if not is_loopback(host) and not api_key:
             raise ValueError(
@@ -93,6 +105,8 @@ class SessionServer:
         self.honor_sampling = honor_sampling
         self.api_key = api_key or None  # on loopback without one, no key is asked
         self.max_body_bytes = max_body_bytes
+        self.slots = SessionSlots(max_session_requests)
+        self.guard = ConnectionGuard(max_connections or default_max_connections(), read_timeout_s)
         # a reply cut to its turn's budget is decoded as the engine decodes its replies
         self.batcher = GenerationBatcher(
             engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
@@ -101,8 +115,9 @@ class SessionServer:
         self.unix_socket = None if unix_socket is None else Path(unix_socket)
         self.url: str | None = None  # http://host:port once started
         self._sessions: dict[str, Session] = {}
+        self._tokens: dict[str, str] = {}  # session id -> the secret its requests carry
         self._turn_locks: dict[str, asyncio.Lock] = {}  # one turn at a time per session
-        self._lock = threading.Lock()  # guards _sessions and _turn_locks
+        self._lock = threading.Lock()  # guards _sessions, _tokens and _turn_locks
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._sockets: list[socket.socket] = []
@@ -140,12 +155,14 @@ class SessionServer:
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.url = f"http://{host}:{port}"
         config = uvicorn.Config(
-            build_app(self, self.max_body_bytes, self.api_key),
-            http="h11",
+            build_app(self, self.max_body_bytes, self.api_key, self.slots),
+            http=self.guard.protocol(),  # h11, with the connection cap and read deadline
             ws="none",
             lifespan="off",
             log_config=None,  # the host program's logging stays as it is
-            log_level="warning",
+            # not "warning": uvicorn warns once per malformed request, which sandbox code
+            # could send by the thousand (our own guards log once and count)
+            log_level="error",
             access_log=False,
             backlog=BACKLOG,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
@@ -194,14 +211,24 @@ class SessionServer:
 
     # sessions
 
+    def session_path(self, session_id: str) -> str:
+        """The path of one open session's routes, its token included: ``/s/<id>/<token>/v1``.
+        Hand it only to that session's agent: the token is what admits its requests."""
+        with self._lock:
+            token = self._tokens.get(session_id)
+        if token is None:
+            raise ValueError(f"session {session_id!r} is not open")
+        return f"/s/{session_id}/{token}/v1"
+
     def base_url(self, session_id: str) -> str:
-        """The OpenAI ``base_url`` of one session over TCP."""
+        """The OpenAI ``base_url`` of one open session over TCP."""
         if self.url is None:
             raise ValueError("the session server is not started; call start() first")
-        return f"{self.url}/s/{session_id}/v1"
+        return self.url + self.session_path(session_id)
 
     def open_session(self, session_id: str | None = None) -> Session:
-        """Open a session; without an id, one of 128 random bits (``secrets``)."""
+        """Open a session, with a token of 256 random bits (``secrets``); without an id, one
+        of 128 random bits. Ids may be guessed; tokens not."""
         session_id = session_id or secrets.token_hex(16)
         if not _SESSION_ID.fullmatch(session_id):
             raise ValueError(f"session id {session_id!r}: use 1-128 of A-Z a-z 0-9 . _ -")
@@ -209,6 +236,7 @@ class SessionServer:
             if session_id in self._sessions:
                 raise ValueError(f"session {session_id!r} is already open")
             session = self._sessions[session_id] = Session(session_id)
+            self._tokens[session_id] = secrets.token_urlsafe(32)
             self._turn_locks[session_id] = asyncio.Lock()
         return session
 
@@ -217,10 +245,28 @@ class SessionServer:
         with self._lock:
             session = self._sessions.pop(session_id, None)
             self._turn_locks.pop(session_id, None)
+            self._tokens.pop(session_id, None)
         if session is None:
             raise ValueError(f"session {session_id!r} is not open")
+        refused = self.slots.pop_refused(session_id)
+        if refused:  # one line per session, however many were refused
+            log.warning("session %s: %d requests refused with 429 in all", session_id, refused)
         with session.lock:  # wait for a turn in flight
             return session
+
+    def authorize(self, session_id: str, token: str) -> None:
+        """ApiError 404 unless the session is open, 403 unless ``token`` is its token."""
+        with self._lock:
+            expected = self._tokens.get(session_id)
+        if expected is None:
+            raise ApiError(404, f"session {session_id!r} is not open on this server", "not_found")
+        if not hmac.compare_digest(token.encode(), expected.encode()):
+            raise ApiError(
+                403,
+                f"the token in this URL is not session {session_id!r}'s; use the base_url "
+                "the session was opened with",
+                "permission_denied",
+            )
 
     def _session(self, session_id: str) -> Session:
         with self._lock:

@@ -16,7 +16,12 @@ from transformers import AutoTokenizer
 
 from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
 from rltool.agent_loops.evaluation import EvaluationFailed
-from rltool.agent_loops.sandbox import SandboxLoop, resolve_script, sandbox_python
+from rltool.agent_loops.sandbox import (
+    SandboxLoop,
+    memory_bound_line,
+    resolve_script,
+    sandbox_python,
+)
 from rltool.agent_loops.sandbox_task import CodingTask
 from rltool.builtin import demo_cache_dir
 from rltool.config.schema import SamplingConfig
@@ -25,7 +30,7 @@ from rltool.demo.data import CODING_TASKS_FILE
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.contract import check_group, check_sample, errors
 from rltool.rollout.state import IGNORE_INDEX, Status
-from rltool.sandbox import SandboxPool, SandboxSpec
+from rltool.sandbox import SandboxLimits, SandboxPool, SandboxSpec
 
 REPO = Path(__file__).resolve().parents[2]
 RLTOOL = [sys.executable, "-c", "from rltool.cli.app import main; main()"]
@@ -132,6 +137,17 @@ def test_registered_and_options_are_checked(tokenizer, work_parent):
         make_loop(tokenizer, work_parent, limits={"wall_clock": 3})
     with pytest.raises(ValueError, match=r"field 'check' must be a non-empty list"):
         CodingTask.from_record({**ADD, "check": "python3 check.py"}, "tasks.jsonl:1")
+
+
+def test_the_memory_bound_of_the_agent_sandboxes_is_shown(tokenizer, work_parent, caplog):
+    limits = SandboxLimits(memory_bytes=1 << 30, max_processes=8, tmp_bytes=64 << 20)
+    line = memory_bound_line(limits, 4)
+    assert "each agent sandbox can hold at most 8.1 GiB (max_processes 8 x memory_bytes" in line
+    assert "4 at once: 32.5 GiB" in line
+    with caplog.at_level("INFO", logger="rltool.agent_loops.sandbox"):
+        make_loop(tokenizer, work_parent, limits={"memory_bytes": 1 << 20, "max_processes": 4})
+    (record,) = [r for r in caplog.records if "sandbox can hold" in r.getMessage()]
+    assert "at most 0.1 GiB" in record.getMessage() and record.levelname == "INFO"
 
 
 # --- the loop -----------------------------------------------------------------------------------

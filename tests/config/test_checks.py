@@ -93,6 +93,23 @@ def test_task_items_are_named_by_index() -> None:
     assert check_values(cfg) == ["tasks[1].weight = -1: must be >= 0"]
 
 
+def test_sandbox_open_files_are_range_checked_inside_the_options() -> None:
+    from rltool.config.schema import AgentLoopConfig
+
+    def options(limits: dict) -> dict:
+        return {"limits": limits, "check_limits": {"max_open_files": 64}}
+
+    cfg = RecipeConfig(
+        agent_loop=AgentLoopConfig(name="sandbox", options=options({"max_open_files": 4})),
+        tasks=[TaskConfig(name="a"), TaskConfig(name="b")],
+    )
+    cfg.tasks[1].agent_loop.options = options({"max_open_files": 2**21, "cpu_seconds": 5})
+    assert check_values(cfg) == [
+        "agent_loop.options.limits.max_open_files = 4: must be in [16, 1048576]",
+        "tasks[1].agent_loop.options.limits.max_open_files = 2097152: must be in [16, 1048576]",
+    ]
+
+
 def test_range_text_and_membership() -> None:
     r = Range(low=0, high=1, high_open=True)
     assert (r.allows(0), r.allows(0.999), r.allows(1), r.allows(None)) == (True, True, False, False)

@@ -57,6 +57,7 @@ def test_spec_accepts_a_unix_socket(socket_dir):
         ({"memory_bytes": 1.5}, "memory_bytes must be an integer"),
         ({"max_processes": 1}, "max_processes must be at least 2"),
         ({"wall_clock_s": -1}, "wall_clock_s must be a positive number"),
+        ({"max_open_files": 8}, "max_open_files must be at least 16"),
     ],
 )
 def test_limits_reject(kwargs, message):
@@ -74,6 +75,7 @@ def test_prlimit_argv():
         "--as=268435456",
         "--nproc=10",
         "--fsize=1048576",
+        "--nofile=64",
         "--core=0",
         "--",
     ]

@@ -80,7 +80,8 @@ def test_a_body_over_the_limit_is_refused_with_413_without_being_read(tokenizer)
 def test_a_malformed_or_huge_content_length_gets_an_answer(tokenizer, length, status):
     with SessionServer(FixedReplyEngine(tokenizer), tokenizer, max_body_bytes=LIMIT) as server:
         server.open_session("h")
-        head = b"POST /s/h/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+        path = server.session_path("h").encode()
+        head = b"POST " + path + b"/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
         assert raw_status(server, head + length + b"\r\n\r\n").split(b" ")[1] == status
         assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
@@ -88,7 +89,7 @@ def test_a_malformed_or_huge_content_length_gets_an_answer(tokenizer, length, st
 def test_two_hundred_concurrent_turns_are_all_answered(tokenizer):
     n = 200
     engine = FixedReplyEngine(tokenizer, "ok")
-    with SessionServer(engine, tokenizer) as server:
+    with SessionServer(engine, tokenizer, max_session_requests=50) as server:
         ids = [server.open_session().session_id for _ in range(n - 50)]
         shared = server.open_session("shared")  # 50 turns at once on one session too
         ids += ["shared"] * 50

@@ -175,7 +175,10 @@ def test_unix_socket_serves_the_official_client(tokenizer, socket_dir):
         server.open_session("u1")
         http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)))
         client = openai.OpenAI(
-            base_url="http://sandbox/s/u1/v1", api_key="x", http_client=http, max_retries=0
+            base_url="http://sandbox" + server.session_path("u1"),
+            api_key="x",
+            http_client=http,
+            max_retries=0,
         )
         assert client.models.list().data[0].id == "rltool-policy"
         r = client.chat.completions.create(model="p", messages=[USER])
@@ -208,7 +211,8 @@ def test_errors_reach_the_client_and_the_export(tokenizer):
         server.open_session("bad")
         client = client_for(server, "bad")
         with pytest.raises(openai.NotFoundError, match="'nope' is not open"):
-            client_for(server, "nope").chat.completions.create(model="p", messages=[USER])
+            nope = openai.OpenAI(base_url=f"{server.url}/s/nope/t/v1", api_key="-", max_retries=0)
+            nope.chat.completions.create(model="p", messages=[USER])
         with pytest.raises(openai.BadRequestError, match="stream=true"):
             client.chat.completions.create(model="p", messages=[USER], stream=True)
         with pytest.raises(openai.BadRequestError, match="n must be 1"):
