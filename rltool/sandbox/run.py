@@ -6,9 +6,11 @@ and no sandbox process outlives its ``run``. Design: docs/sandbox.md#runs-and-th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -138,10 +140,17 @@ class SandboxProcess:
         )
 
     def kill(self, reason: str) -> None:
-        """Kill the sandbox: our child's death takes both pid namespaces down (see bwrap.py)."""
+        """Kill the sandbox: its whole process group, not only our child.
+
+        Our child's death takes both pid namespaces down (see bwrap.py) once the forked
+        bwrap has armed its parent-death signal; a kill that lands in the moments before
+        (right after the spawn, on a loaded machine) would leave that bwrap running, so
+        the group (``start_new_session``: our child leads it) is killed as one.
+        """
         if self.killed_for is None:
             self.killed_for = reason
-        self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # the group is already gone
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def collect(
         self, limits: SandboxLimits, quota: WorkDirQuota | None = None
