@@ -36,9 +36,11 @@ def vocab_problems(
 
 def id_problem(token_id: int, vocab_size: int | None) -> str:
     """Why ``token_id`` is not a token of the vocabulary (it is not)."""
-    if vocab_size is None:
+    if vocab_size is not None:
+        return f"token id {token_id} outside the vocabulary [0, {vocab_size})"
+    if token_id < 0:
         return f"token id {token_id} is negative"
-    return f"token id {token_id} outside the vocabulary [0, {vocab_size})"
+    return f"token id {token_id} does not fit a 64-bit integer"
 
 
 def first_bad_id(ids: list[int], vocab_size: int | None) -> int | None:
