@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from rich.console import Console
-from test_gsm8k import TASKS, VOCAB, ids, tokenizer  # noqa: F401 (the tokenizer fixture)
+from test_gsm8k import TASKS, TEMPLATE, VOCAB, ids
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from rltool.agent_loops.base import LoopContext
 from rltool.agent_loops.gsm8k import GSM8KLoop
@@ -20,6 +23,15 @@ from rltool.rollout.failures import failure_reason
 from rltool.rollout.state import Status
 
 V = len(VOCAB)  # 21 token ids: 0..20
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:  # test_gsm8k's
+    tok = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", chat_template=TEMPLATE
+    )
 
 
 class ScriptedEngine(RolloutEngine):
@@ -42,9 +54,9 @@ class ScriptedEngine(RolloutEngine):
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
-        n = len(self.tokens)
+        n, lp = len(self.tokens), list(self.logprobs)
         return [
-            Generation(list(self.tokens), list(self.logprobs), [0] * n, "stop", "", error=self.error)
+            Generation(list(self.tokens), lp, [0] * n, "stop", "", error=self.error)
             for _ in prompts
         ]
 
