@@ -53,7 +53,10 @@ def build_prompt_response_fields(
         return
     lp = _flat_logprobs(response_logprobs)  # [R]
     if lp.size != response.size:
-        raise ValueError(f"{lp.size} response logprobs for {response.size} response tokens")
+        raise ValueError(  # counts in parentheses: the short reason stays one per kind
+            f"logprob count != token count ({lp.size} response logprobs for {response.size} "
+            "response tokens)"
+        )
     state.logprobs = np.concatenate([np.zeros(prompt.size), lp])  # [P + R]
 
 
@@ -69,7 +72,7 @@ def build_or_fail(
     try:
         build_prompt_response_fields(state, response_logprobs, tokenize)
     except (ValueError, TypeError) as exc:
-        return state.fail(f"canonicalize_train_fields: {exc}")
+        return state.fail(f"canonicalize: {exc}")  # a prefix short enough for failures.py
     return state
 
 
