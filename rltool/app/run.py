@@ -307,4 +307,5 @@ def generate_batch_from_recipe(path: str, overrides: list[str]):
         groups = generate_step(run)
     finally:
         run.close()
-    return groups, run.tokenizer, ConversionConfig.from_recipe(recipe), run.step + 1
+    conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(run.model))
+    return groups, run.tokenizer, conversion, run.step + 1
