@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -63,6 +64,22 @@ def resolve_model_path(path: str, key: str = "model.path") -> Path:
     if not (local / "config.json").is_file():
         raise ValueError(f"{key}: {local} has no config.json; is it a Hugging Face checkpoint?")
     return local
+
+
+def embedding_rows(model: torch.nn.Module) -> int:
+    """The vocabulary as training sees it: the rows of the input embedding (the config's
+    ``vocab_size``; ``len(tokenizer)`` may be smaller). Every token id must be below it
+    (data-contract invariant 10), or the embedding lookup fails with an IndexError."""
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)  # a wrapper (LoRA) may not say
+    return int(rows if rows is not None else embedding.weight.shape[0])
+
+
+def vocab_size_at(path: str, key: str = "model.path") -> int:
+    """``embedding_rows`` of the checkpoint ``path`` (as ``model.path`` takes it), read
+    from its config.json without loading the weights."""
+    cfg = AutoConfig.from_pretrained(resolve_model_path(path, key), local_files_only=True)
+    return int(cfg.get_text_config().vocab_size)
 
 
 def looks_like_hub_id(path: str) -> bool:

@@ -148,8 +148,10 @@ class AgentLoop(ABC):
         self, state: RolloutState, response_logprobs: Sequence[float] | None = None
     ) -> RolloutState:
         """Prompt+response build, then the contract check. Never raises."""
-        return canonicalize_prompt_response(state, response_logprobs, self.tokenize_text)
+        return canonicalize_prompt_response(
+            state, response_logprobs, self.tokenize_text, self.engine.vocab_size
+        )
 
     def check_train_fields(self, state: RolloutState) -> RolloutState:
         """Check fields built elsewhere (agentic loops); FAILED on a violation."""
-        return check_train_fields(state)
+        return check_train_fields(state, self.engine.vocab_size)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rltool.rollout.contract import check_samples, errors
+from rltool.rollout.contract import Violation, check_samples, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
 
 
@@ -53,7 +53,10 @@ def build_prompt_response_fields(
         return
     lp = _flat_logprobs(response_logprobs)  # [R]
     if lp.size != response.size:
-        raise ValueError(f"{lp.size} response logprobs for {response.size} response tokens")
+        raise ValueError(  # counts in parentheses: the short reason stays one per kind
+            f"logprob count != token count ({lp.size} response logprobs for {response.size} "
+            "response tokens)"
+        )
     state.logprobs = np.concatenate([np.zeros(prompt.size), lp])  # [P + R]
 
 
@@ -69,7 +72,7 @@ def build_or_fail(
     try:
         build_prompt_response_fields(state, response_logprobs, tokenize)
     except (ValueError, TypeError) as exc:
-        return state.fail(f"canonicalize_train_fields: {exc}")
+        return state.fail(f"canonicalize: {exc}")  # a prefix short enough for failures.py
     return state
 
 
@@ -77,26 +80,35 @@ def canonicalize_prompt_response(
     state: RolloutState,
     response_logprobs: Sequence[float] | None,
     tokenize: Callable[[str], list[int]] | None,
+    vocab_size: int | None = None,
 ) -> RolloutState:
     """Prompt+response build, then the contract check. Never raises."""
-    return check_train_fields(build_or_fail(state, response_logprobs, tokenize))
+    return check_train_fields(build_or_fail(state, response_logprobs, tokenize), vocab_size)
 
 
-def check_many(states: Sequence[RolloutState]) -> None:
+def violation_error(bad: Sequence[Violation]) -> str:
+    """A FAILED sample's error for its violations: the first one's rule, which is its short
+    reason (``contract: logprobs finite``: no sample or position, so failures group),
+    then every violation in full."""
+    return f"{bad[0].reason} ({'; '.join(str(v) for v in bad)})"
+
+
+def check_many(states: Sequence[RolloutState], vocab_size: int | None = None) -> None:
     """The contract check of every sample not FAILED yet, in one vectorised call (a loop
     canonicalizes a whole batch: one check per sample costs ~0.4 ms of overhead each);
-    a sample that breaks an invariant becomes FAILED with the violations."""
+    a sample that breaks an invariant becomes FAILED with the violations. ``vocab_size``:
+    the policy's embedding rows, the bound of token ids (invariant 10), when known."""
     todo = [s for s in states if s.status != Status.FAILED]
     if not todo:
         return
-    checked = check_samples(todo, require_reward=False)
+    checked = check_samples(todo, require_reward=False, vocab_size=vocab_size)
     for s, violations in zip(todo, checked.violations, strict=True):
         bad = errors(violations)
         if bad:
-            s.fail("contract violation: " + "; ".join(str(v) for v in bad))
+            s.fail(violation_error(bad))
 
 
-def check_train_fields(state: RolloutState) -> RolloutState:
+def check_train_fields(state: RolloutState, vocab_size: int | None = None) -> RolloutState:
     """Check fields built elsewhere (agentic loops); FAILED on a violation."""
-    check_many([state])
+    check_many([state], vocab_size)
     return state

@@ -111,6 +111,12 @@ class GSM8KLoop(AgentLoop):
         group_id: str,
     ) -> RolloutState:
         truth = ground_truth_of(task)
+        if gen.error is not None:  # the engine's answer broke the contract: ids beyond int64
+            return RolloutState(  # too, so none are kept; the error names the bad one
+                rollout_id=rollout_id, group_id=group_id, task_name=self.task_name,
+                agent_loop=self.name, messages=messages, prompt_ids=list(prompt),
+                finish_reason=gen.finish_reason, extra={"ground_truth": truth},
+            ).fail(gen.error)  # fmt: skip
         state = RolloutState(
             rollout_id=rollout_id,
             group_id=group_id,
@@ -129,7 +135,7 @@ class GSM8KLoop(AgentLoop):
 
     def _check_and_reward(self, states: list[RolloutState]) -> None:
         """The contract check of the whole batch in one call, then each sample's reward."""
-        check_many(states)
+        check_many(states, self.engine.vocab_size)
         for state in states:
             if state.status != Status.FAILED:
                 truth = state.extra["ground_truth"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from rltool.app.run import build_updater, seed_everything, trainer_model
 from rltool.app.sharded_checkpoint import restore_updater, write_sharded
 from rltool.config.schema import RecipeConfig
-from rltool.models import load_model_and_tokenizer
+from rltool.models import embedding_rows, load_model_and_tokenizer
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
 from rltool.training.sharding import (
@@ -95,9 +95,10 @@ def follow(recipe: RecipeConfig) -> None:
         ready(shard)  # the leader has built the model files (builtin:)
         seed_everything(recipe.trainer.seed)
         model, _, _ = load_model_and_tokenizer(recipe.model)
+        conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(model))
         model = trainer_model(model, recipe, shard)
         updater = build_updater(recipe, model, shard)
-        controller = TrainingController(updater, ConversionConfig.from_recipe(recipe))
+        controller = TrainingController(updater, conversion)
         while True:
             kind, arg = receive(shard)
             if kind == "fit":

@@ -36,7 +36,7 @@ from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.lora import AdapterFreeReference, apply_lora, require_peft
-from rltool.models import load_model_and_tokenizer, resolve_model_path
+from rltool.models import embedding_rows, load_model_and_tokenizer, resolve_model_path
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.preflight import check_preflight
 from rltool.produce.producer import Producer
@@ -173,7 +173,8 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     backend = build_backend(recipe, rollout_model or model, tokenizer)
     producer = Producer(recipe, backend, sampler, scorer=build_scorer(recipe, tokenizer))
     updater = build_updater(recipe, model, shard) if with_trainer else None
-    controller = TrainingController(updater, ConversionConfig.from_recipe(recipe))
+    conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(model))
+    controller = TrainingController(updater, conversion)
     eval_rows = {name: rows[1] for name, rows in data.items()}
     run = Run(recipe, model, tokenizer, specs, eval_rows, producer, controller)
     run.shard, run.rollout_model = shard, rollout_model
@@ -306,4 +307,5 @@ def generate_batch_from_recipe(path: str, overrides: list[str]):
         groups = generate_step(run)
     finally:
         run.close()
-    return groups, run.tokenizer, ConversionConfig.from_recipe(recipe), run.step + 1
+    conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(run.model))
+    return groups, run.tokenizer, conversion, run.step + 1

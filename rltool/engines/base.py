@@ -35,6 +35,9 @@ class Generation:
     # [P + R, L, k] MoE experts per position of prompt + token_ids (rows of -1: never fed to
     # the model, as the last token); None for a dense model or an engine that cannot record
     routed_experts: np.ndarray | None = None
+    # why this sample cannot be trained (the engine's answer broke the data contract, as a
+    # token id outside the vocabulary); the agent loop marks the sample FAILED with it
+    error: str | None = None
 
 
 def eos_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -56,6 +59,10 @@ class RolloutEngine(ABC):
     step changes), ``load_weights`` when it holds its own copy (asynchronous runs,
     Ray workers).
     """
+
+    # the policy's embedding rows: every token id must be below it (data-contract
+    # invariant 10); None where the engine does not know it
+    vocab_size: int | None = None
 
     @property
     @abstractmethod

@@ -24,6 +24,7 @@ from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.weight_handoff import PendingWeights
 from rltool.lora import rollout_state_dict
+from rltool.models import embedding_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class Completion:
     token_ids: list[int]  # [R]
     logprobs: list[float]  # [R]
     stopped: bool  # EOS or a stop string (False: the token budget ran out)
+    error: str | None = None  # the answer breaks the contract: the row ends, its sample fails
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class _Row:
     logprobs: list[float]
     steps: list[int]
     finished: bool = False
+    error: str | None = None  # Completion.error: the row's tokens are not the policy's
 
 
 def first_stop(tokenizer: Any, tokens: list[int], stops: Sequence[str], start: int) -> int | None:
@@ -80,9 +83,13 @@ class ChunkedEngine(RolloutEngine):
         model: torch.nn.Module | None,
         chunk_tokens: int | None = None,
         model_step: int = 0,
+        vocab_size: int | None = None,
     ):
         self.tokenizer = tokenizer
         self.model = model
+        if vocab_size is None and model is not None:
+            vocab_size = embedding_rows(model)
+        self.vocab_size = vocab_size  # None: the engine knows no model (tests, library use)
         self.owner = type(self).__name__  # names the engine in errors
         self.chunk_tokens = chunk_tokens
         self.eos = eos_ids(tokenizer, model)
@@ -149,7 +156,9 @@ class ChunkedEngine(RolloutEngine):
                 logprobs=r.logprobs,
                 model_steps=r.steps,
                 finish_reason="stop" if r.finished else "length",
-                text=self.tokenizer.decode(r.tokens, skip_special_tokens=True),
+                # ids outside the vocabulary cannot be decoded (the tokenizer's OverflowError)
+                text="" if r.error else self.tokenizer.decode(r.tokens, skip_special_tokens=True),
+                error=r.error,
             )
             for r in rows
         ]
@@ -183,6 +192,9 @@ class ChunkedEngine(RolloutEngine):
                 r.tokens += c.token_ids
                 r.logprobs += c.logprobs
                 r.steps += [step] * len(c.token_ids)
+                if c.error is not None:  # nothing more to generate for a failed sample
+                    r.error, r.finished = c.error, True
+                    continue
                 cut = self._cut_at_stop(r, sampling.stop, done)  # even if it stopped later
                 r.finished = cut or c.stopped
         return True

@@ -25,6 +25,7 @@ from rltool.engines.hf_prefill import SharedPrefill, left_pad
 from rltool.engines.hf_routing import rows_routing
 from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights
 from rltool.engines.registry import ENGINES
+from rltool.models import embedding_rows
 from rltool.moe import find_routers, recording
 
 
@@ -117,6 +118,7 @@ class HFEngine(RolloutEngine):
         self.chunk_tokens = chunk_tokens
         self._model_step = model_step
         self.eos_ids = eos_ids(tokenizer, model)
+        self.vocab_size = embedding_rows(model)  # its samples are ids of its own logits
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_ids[0] if pad is None else pad
         # None: every row prefills its own context, repeats included (the reference path)

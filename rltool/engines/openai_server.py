@@ -27,6 +27,7 @@ from rltool.engines.registry import ENGINES
 from rltool.engines.vllm_worker import EXTENSION
 from rltool.engines.weight_handoff import write_weights_file
 from rltool.metric_names import ROLLOUT_SERVERS_DROPPED
+from rltool.rollout.vocab import first_bad_id, id_problem
 
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
@@ -64,10 +65,13 @@ def completion_body(
     }
 
 
-def parse_choice(choice: Mapping[str, Any], url_hint: str) -> tuple[list[int], list[float], bool]:
-    """(token ids, logprobs, finished) of one completions choice; finished is False for
-    ``length`` (the budget ran out). A choice without token ids or logprobs is an error:
-    the server must support ``return_token_ids`` and ``logprobs``."""
+def parse_choice(
+    choice: Mapping[str, Any], url_hint: str, vocab_size: int | None = None
+) -> Completion:
+    """One completions choice; not ``stopped`` for ``length`` (the budget ran out). A choice
+    without token ids or logprobs is an error: the server must support ``return_token_ids``
+    and ``logprobs``. A token id outside ``[0, vocab_size)`` (negative where the size is
+    unknown) is the completion's ``error``: its sample fails, the others go on."""
     ids = choice.get("token_ids")
     lp = (choice.get("logprobs") or {}).get("token_logprobs")
     if ids is None or lp is None:
@@ -80,7 +84,16 @@ def parse_choice(choice: Mapping[str, Any], url_hint: str) -> tuple[list[int], l
     reason = choice.get("finish_reason")
     if reason not in ("stop", "length"):
         raise RuntimeError(f"openai_server: a completion ended with finish_reason {reason!r}")
-    return [int(t) for t in ids], [float(x) for x in lp], reason == "stop"
+    ids = [int(t) for t in ids]
+    at = first_bad_id(ids, vocab_size)
+    error = None
+    if at is not None:
+        error = (
+            f"openai_server: token id outside the vocabulary ({id_problem(ids[at], vocab_size)} "
+            f"at position {at} of a completion from {url_hint}; the server must serve the "
+            "policy's model)"
+        )
+    return Completion(ids, [float(x) for x in lp], reason == "stop", error)
 
 
 class OpenAIServerEngine(ChunkedEngine):
@@ -97,8 +110,9 @@ class OpenAIServerEngine(ChunkedEngine):
         chunk_tokens: int | None = None,
         model: torch.nn.Module | None = None,
         model_step: int = 0,
+        vocab_size: int | None = None,
     ):
-        super().__init__(tokenizer, model, chunk_tokens, model_step)
+        super().__init__(tokenizer, model, chunk_tokens, model_step, vocab_size)
         self.pool, self.served_model = pool, served_model
         self.weights_dir, self.update_method = weights_dir, update_method
         self._written: list[Path] = []
@@ -153,7 +167,7 @@ class OpenAIServerEngine(ChunkedEngine):
         out = []
         for answer in self.pool.post_spread("/completions", bodies):
             choices = sorted(answer.get("choices", []), key=lambda c: c.get("index", 0))
-            out.append([Completion(*parse_choice(c, "the server")) for c in choices])
+            out.append([parse_choice(c, "the server", self.vocab_size) for c in choices])
         return out
 
 

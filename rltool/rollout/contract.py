@@ -1,6 +1,6 @@
 """The invariants of data-contract section 4, checked on many samples at once.
 
-``check_samples`` checks invariants 1-6 and 8 of every sample on their token fields
+``check_samples`` checks invariants 1-6, 8 and 10 of every sample on their token fields
 concatenated once (``rltool.rollout.fields``): numpy over all positions together,
 a Python loop over samples only, and every violation names its sample, field and
 first offending position. ``check_sample`` is the one-sample case, ``check_group``
@@ -22,6 +22,7 @@ import numpy as np
 from rltool.rollout.fields import Block, TokenFields, concat_fields, first_per_segment, segments
 from rltool.rollout.routing import ROUTING_INVARIANT, routing_problems
 from rltool.rollout.state import RolloutState, Status
+from rltool.rollout.vocab import VOCAB_INVARIANT, VOCAB_KIND, vocab_problems
 
 LOGPROB_TOLERANCE = 1e-4  # engines round; a supervised logprob may be a hair above 0
 
@@ -39,10 +40,15 @@ class Violation:
     invariant: int  # number in data-contract section 4
     position: int | None = None  # first offending position in that field
     severity: Severity = Severity.ERROR
+    kind: str = ""  # the rule broken, in words without sample, position or value
 
     def __str__(self) -> str:
         where = f"{self.field}[{self.position}]" if self.position is not None else self.field
         return f"{self.rollout_id}: {where}: {self.message} (invariant {self.invariant})"
+
+    @property
+    def reason(self) -> str:  # a failure reason (rollout/failures.py): no sample in it
+        return f"contract: {self.kind or f'{self.field}, invariant {self.invariant}'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +230,7 @@ class _Rule:
 
     field: str
     invariant: int
+    kind: str  # Violation.kind
     fails: Callable[[_Suspects], np.ndarray]  # [M] bool
     message: Callable[[RolloutState, int], str]  # the sample, the position in ``field``
     in_response: bool = False  # positions counted in response_ids, not input_ids
@@ -231,34 +238,36 @@ class _Rule:
 
 _RULES = (  # in the order check_sample lists them
     _Rule(
-        "prompt_ids", 2, lambda x: x.differs & x.in_prompt,
+        "prompt_ids", 2, "input_ids start with prompt_ids", lambda x: x.differs & x.in_prompt,
         lambda s, i: f"input_ids[{i}]={s.input_ids[i]} but prompt_ids[{i}]={s.prompt_ids[i]}",
     ),
     _Rule(
-        "response_ids", 2, lambda x: x.differs & ~x.in_prompt,
+        "response_ids", 2, "response_ids follow the prompt", lambda x: x.differs & ~x.in_prompt,
         lambda s, j: f"response_ids[{j}]={s.response_ids[j]} but "
         f"input_ids[{len(s.prompt_ids) + j}]={s.input_ids[len(s.prompt_ids) + j]}",
         in_response=True,
     ),
     _Rule(
-        "labels", 3, lambda x: x.supervised & (x.labels != x.ids),
+        "labels", 3, "labels -100 or the input id", lambda x: x.supervised & (x.labels != x.ids),
         lambda s, i: f"label {s.labels[i]} is neither -100 nor input_ids[{i}]={s.input_ids[i]}",
     ),
     _Rule(
-        "labels", 3, lambda x: x.supervised & x.in_prompt,
+        "labels", 3, "prompt labels -100", lambda x: x.supervised & x.in_prompt,
         lambda s, i: f"prompt position supervised (label {s.labels[i]}); "
         "prompt labels must be -100",
     ),
     _Rule(
-        "logprobs", 4, lambda x: ~np.isfinite(x.lp),
+        "logprobs", 4, "logprobs finite", lambda x: ~np.isfinite(x.lp),
         lambda s, i: f"not finite ({s.logprobs[i]})",
     ),
     _Rule(
-        "logprobs", 4, lambda x: x.finite_row & x.supervised & (x.lp > LOGPROB_TOLERANCE),
+        "logprobs", 4, "logprobs <= 0 where supervised",
+        lambda x: x.finite_row & x.supervised & (x.lp > LOGPROB_TOLERANCE),
         lambda s, i: f"logprob {s.logprobs[i]:.6g} > 0 at a supervised position",
     ),
     _Rule(
-        "logprobs", 4, lambda x: x.finite_row & ~x.supervised & (x.lp != 0.0),
+        "logprobs", 4, "logprobs 0.0 where not supervised",
+        lambda x: x.finite_row & ~x.supervised & (x.lp != 0.0),
         lambda s, i: f"logprob {s.logprobs[i]:.6g} at an unsupervised position, must be 0.0",
     ),
 )  # fmt: skip
@@ -276,7 +285,8 @@ def _position_checks(
         at = x.at[fails][first] - (f.P_S[failing] if rule.in_response else 0)
         found.append([
             (rows[r], Violation(samples[rows[r]].rollout_id, rule.field,
-                                rule.message(samples[rows[r]], i), rule.invariant, i))
+                                rule.message(samples[rows[r]], i), rule.invariant, i,
+                                kind=rule.kind))
             for r, i in zip(failing.tolist(), at.tolist(), strict=True)
         ])  # fmt: skip
     return found
@@ -308,11 +318,13 @@ def check_samples(
     *,
     require_reward: bool | Sequence[bool] = True,
     num_experts: int | None = None,
+    vocab_size: int | None = None,
 ) -> Checked:
     """Every section-4 violation (invariants 1-6, 8; 9: routed_experts' ranges, against
-    ``num_experts`` when known) of every sample; ``require_reward`` for all samples or per
-    sample. The samples whose lengths agree are checked at every
-    position together, on their fields concatenated once (returned for reuse)."""
+    ``num_experts`` when known; 10: token ids, against ``vocab_size`` when known) of every
+    sample; ``require_reward`` for all samples or per sample. The samples whose lengths
+    agree are checked at every position together, on their fields concatenated once
+    (returned for reuse)."""
     needs = [require_reward] * len(samples) if isinstance(require_reward, bool) else require_reward
     reward: _Found = []
     lengths: _Found = []
@@ -338,10 +350,16 @@ def check_samples(
         for i, s, n in zip(rows, checkable, supervised_S.tolist(), strict=True)
         if s.status == Status.COMPLETED and n == 0
     ]  # fmt: skip
+    vocab: _Found = [  # input_ids holds prompt_ids and response_ids (invariant 2)
+        (rows[r], Violation(samples[rows[r]].rollout_id, "input_ids", msg, VOCAB_INVARIANT, at,
+                            kind=VOCAB_KIND))
+        for r, at, msg in vocab_problems(f.input_ids_F, f.start_S, vocab_size)
+    ]  # fmt: skip
     out: list[list[Violation]] = [[] for _ in samples]
     for found in (
         reward, lengths, shapes.prompt + prompt, shapes.response + response, *per_position,
         shapes.steps + _step_order(samples, rows, f), shapes.extras, no_supervision,
+        vocab,
     ):  # fmt: skip
         for i, v in found:
             out[i].append(v)

@@ -126,6 +126,7 @@ class _Checker:
     pending: list[tuple[int, int, RolloutState]] = field(default_factory=list)  # unchecked
     pending_tokens: int = 0
     num_experts: int | None = None  # routed_experts ids must be below it (when known)
+    vocab_size: int | None = None  # token ids must be below it (when known)
     foreign: set[str] = field(default_factory=set)  # foreign field names already reported
 
     def add(self, file_idx: int, line: int, s: RolloutState) -> None:
@@ -138,7 +139,9 @@ class _Checker:
     def flush(self) -> None:
         """Check the queued samples together, then record their findings in line order."""
         samples = [s for _, _, s in self.pending]
-        found = check_samples(samples, num_experts=self.num_experts).violations
+        found = check_samples(
+            samples, num_experts=self.num_experts, vocab_size=self.vocab_size
+        ).violations
         for (file_idx, line, s), violations in zip(self.pending, found, strict=True):
             self._record(file_idx, line, s, violations)
         self.pending, self.pending_tokens = [], 0
@@ -240,9 +243,12 @@ def validate_files(
     *,
     progress: ProgressFn | None = None,
     num_experts: int | None = None,
+    vocab_size: int | None = None,
 ) -> ValidationReport:
     """Check every sample of every file; every violation is collected, none raised.
-    ``num_experts``: the MoE model's expert count, the bound of routed_experts' ids.
+    ``num_experts``: the MoE model's expert count, the bound of routed_experts' ids;
+    ``vocab_size``: the model's embedding rows, the bound of token ids (without it only a
+    negative id is out of range).
 
     A file without a non-blank line is an error ("no samples", line 0). Raises
     InputError when a file is missing, not a regular file (a directory, a FIFO), or
@@ -250,7 +256,7 @@ def validate_files(
     """
     resolved = check_readable(paths)
     report = ValidationReport(files=len(resolved))
-    checker = _Checker(resolved, report, num_experts=num_experts)
+    checker = _Checker(resolved, report, num_experts=num_experts, vocab_size=vocab_size)
     for file_idx, path in enumerate(resolved):
         lines = 0
         try:

@@ -322,7 +322,8 @@ class SessionServer:
                     # shielded: a cancelled request must not cancel the batcher's future
                     gen = await asyncio.shield(asyncio.wrap_future(future))
                 except Exception as exc:  # recorded on the session and answered as a 500
-                    session.error = f"turn {n}: generation failed: {exc!r}"
+                    # the short reason is the exception's kind, not the turn (failures.py)
+                    session.error = f"engine: {type(exc).__name__} (turn {n}: {exc!r})"
                     log.exception("session %s turn %d: generation failed", session_id, n)
                     raise ApiError(500, session.error, "server_error") from exc
                 reply = parse_reply(gen.text, f"call_{n}")

@@ -88,6 +88,7 @@ class SkippedGroup:
     group_id: str
     reason: str  # a short key, counted in data_info as skipped/<reason>
     detail: str = ""  # the first violation or error, for the log
+    kind: str = ""  # the detail's short reason (rollout/failures.py): the log groups by it
 
 
 @dataclass(slots=True)

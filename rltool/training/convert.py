@@ -39,6 +39,7 @@ from rltool import metric_names as mn
 from rltool.config.schema import RecipeConfig
 from rltool.packing import padding_waste
 from rltool.rollout.contract import check_samples, errors, group_violations
+from rltool.rollout.failures import failure_reason
 from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.advantages import ESTIMATORS, session_clusters
 from rltool.training.attention import choose_kernels
@@ -58,9 +59,12 @@ class ConversionConfig:
     attn_implementation: str = "sdpa"  # model.attn_implementation
     device: str = "cpu"  # cpu | cuda: where the policy trains
     task_adv_weight: dict[str, float] = field(default_factory=dict)  # task -> weight, default 1
+    # the policy's embedding rows: a group with a token id at or past it is skipped as
+    # invalid (contract invariant 10), never an IndexError in the trainer; None: unknown
+    vocab_size: int | None = None
 
     @classmethod
-    def from_recipe(cls, recipe: RecipeConfig) -> ConversionConfig:
+    def from_recipe(cls, recipe: RecipeConfig, vocab_size: int | None = None) -> ConversionConfig:
         a = recipe.algorithm
         return cls(
             estimator=a.estimator,
@@ -69,6 +73,7 @@ class ConversionConfig:
             attn_implementation=recipe.model.attn_implementation,
             device=_train_device(recipe.model.device),
             task_adv_weight={k: float(v) for k, v in a.task_adv_weight.items()},
+            vocab_size=vocab_size,
         )
 
     def task_weight(self, task_name: str) -> float:
@@ -92,7 +97,8 @@ def _status_skip(group: Sequence[RolloutState]) -> SkippedGroup | None:
     detail = f"{culprit.rollout_id}: {status.value}"
     if culprit.error:
         detail += f" ({culprit.error})"
-    return SkippedGroup(group[0].group_id, status.value.lower(), detail)
+    kind = failure_reason(culprit.error) if culprit.error else status.value
+    return SkippedGroup(group[0].group_id, status.value.lower(), detail, kind)
 
 
 def _require_rewards(group: Sequence[RolloutState], cfg: ConversionConfig) -> None:
@@ -135,22 +141,35 @@ def _screen(groups: Sequence[Sequence[RolloutState]], cfg: ConversionConfig) -> 
     needs_reward = [
         cfg.task_weight(groups[g][0].task_name) > 0 for g in completed for _ in groups[g]
     ]
-    checked = check_samples(samples, require_reward=needs_reward)
+    checked = check_samples(samples, require_reward=needs_reward, vocab_size=cfg.vocab_size)
     kept, kept_rows, first = [], [], 0
     for g in completed:
         group, members = groups[g], slice(first, first + len(groups[g]))
         bad = errors(group_violations(group, checked.violations[members]))
         if bad:
-            skipped[g] = SkippedGroup(group[0].group_id, "invalid", str(bad[0]))
+            skipped[g] = SkippedGroup(group[0].group_id, "invalid", str(bad[0]), bad[0].reason)
         else:
             kept.append(group)
             kept_rows.append(checked.row_S[members])
         first += len(group)
     in_order = [skipped[g] for g in sorted(skipped)]
-    for skip in in_order:
-        log.warning("skipping group %s: %s (%s)", skip.group_id, skip.reason, skip.detail)
+    _log_skipped(in_order)
     rows = np.concatenate(kept_rows) if kept_rows else np.zeros(0, dtype=np.int64)
     return _Screened(Flat.of(checked.fields, rows), kept, in_order)
+
+
+def _log_skipped(skipped: Sequence[SkippedGroup]) -> None:
+    """One warning per reason and kind, with its count and the first group's detail in
+    full: a step of NaN logprobs is one line, not one per group."""
+    by_kind: dict[tuple[str, str], list[SkippedGroup]] = {}
+    for skip in skipped:
+        by_kind.setdefault((skip.reason, skip.kind), []).append(skip)
+    for (reason, kind), skips in by_kind.items():
+        first = skips[0]
+        log.warning(
+            "skipping %d group%s: %s, %s (first: group %s: %s)", len(skips),
+            "" if len(skips) == 1 else "s", reason, kind, first.group_id, first.detail,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- advantages
