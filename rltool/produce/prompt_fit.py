@@ -100,11 +100,13 @@ class TooLong:
         """The note printed at start ('' when nothing was skipped)."""
         if not self.files:
             return ""
-        lines = "\n".join(f"  - {f.line()}" for f in self.files)
         return (
             "data.too_long=skip: prompts that cannot fit the model with max_new_tokens after "
-            f"them are left out of the run:\n{lines}"
+            f"them are left out of the run:\n{self.lines()}"
         )
+
+    def lines(self) -> str:
+        return "\n".join(f"  - {f.line()}" for f in self.files)
 
 
 def fit_task_data(
@@ -133,13 +135,12 @@ def fit_task_data(
     except ValueError as exc:
         if not report.files:
             raise
-        raise PreflightError(f"{exc}\n{report.message()}") from exc
+        raise PreflightError(f"{exc} that fit the model:\n{report.lines()}") from exc
     if report.files and recipe.data.too_long == "error":
-        lines = "\n".join(f"  - {f.line()}" for f in report.files)
         raise PreflightError(
             "preflight: prompts too long for the model (data.too_long=error):\n"
-            f"{lines}\nshorten or remove them, raise trainer.pack_max_length (within the "
-            "model's context) or lower max_new_tokens; data.too_long=skip leaves them out"
+            f"{report.lines()}\nshorten or remove them, raise trainer.pack_max_length (within "
+            "the model's context) or lower max_new_tokens; data.too_long=skip leaves them out"
         )
     return data, report
 
