@@ -17,6 +17,9 @@ from __future__ import annotations
 DATA_TRAINING_SAMPLES = "data/training_samples"
 DATA_SUPERVISED_TOKENS = "data/supervised_tokens"
 DATA_SKIPPED_GROUPS = "data/skipped_groups"
+# prompts dropped before the run for not fitting the context (produce/prompt_fit.py)
+DATA_TOO_LONG_SKIPPED = "data/too_long_skipped"  # from the training files
+DATA_TOO_LONG_SKIPPED_EVAL = "data/too_long_skipped_eval"  # from the eval files
 DATA_RESPONSE_LEN = "data/response_len"  # supervised tokens per sample: + /mean, /min, /max
 DATA_RESPONSE_LEN_MEAN = f"{DATA_RESPONSE_LEN}/mean"
 

@@ -162,3 +162,16 @@ def load_model_and_tokenizer(
     model.to(device)
     model.train()
     return model, tokenizer, device
+
+
+def load_tokenizer(cfg: ModelConfig, key: str = "model.path") -> PreTrainedTokenizerBase:
+    """The tokenizer of ``cfg.path`` alone (no weights): what preflight counts prompts with."""
+    return AutoTokenizer.from_pretrained(resolve_model_path(cfg.path, key), local_files_only=True)
+
+
+def context_length(cfg: ModelConfig, key: str = "model.path") -> int | None:
+    """The model's context (``max_position_embeddings`` of its text config), read from its
+    config alone; None when the config does not say."""
+    config = AutoConfig.from_pretrained(resolve_model_path(cfg.path, key), local_files_only=True)
+    value = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None

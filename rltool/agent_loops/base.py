@@ -109,6 +109,15 @@ class AgentLoop(ABC):
         ``where``), or None; the fields every record has are ``rltool.data``'s check."""
         return None
 
+    @classmethod
+    def prompt_lengths(
+        cls, records: Sequence[dict[str, Any]], options: Mapping[str, Any], tokenizer: Any
+    ) -> list[int] | None:
+        """Each record's prompt tokens exactly as the loop renders them for generation
+        (its chat template, ``tokenizer``), or None where the agent renders its own prompt
+        at run time (then the records are not checked against the context)."""
+        return None
+
     @abstractmethod
     def generate_groups(
         self,

@@ -7,7 +7,7 @@ Design: docs/agent-loops.md#the-gsm8k-loop
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,30 @@ def score_response(text: str, truth: str) -> RewardResult:
         return RewardResult(None, "error", f"{type(exc).__name__}: {exc}")
 
 
+def prompt_messages(task: dict[str, Any], system_prompt: str | None) -> list[dict[str, str]]:
+    """The row's chat ``messages`` as given (a prompt mapped from chat messages), else
+    one user message with its ``question``; ``system_prompt`` goes first unless the
+    messages already open with a system message."""
+    if task.get("messages"):
+        messages = [dict(m) for m in task["messages"]]
+    elif "question" in task:
+        messages = [{"role": "user", "content": str(task["question"])}]
+    else:
+        fields = ", ".join(sorted(task))
+        raise ValueError(f"gsm8k task has no 'question' or 'messages' field (fields: {fields})")
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt's token ids as generation gets them: the chat template rendered to text,
+    then tokenized without extra specials (the template holds every special token the
+    model was trained with)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 @register("gsm8k")
 class GSM8KLoop(AgentLoop):
     """Single-turn question answering rewarded by the final number (prompt+response)."""
@@ -49,27 +73,21 @@ class GSM8KLoop(AgentLoop):
     # --- prompts ------------------------------------------------------------------------
 
     def prompt_messages(self, task: dict[str, Any]) -> list[dict[str, str]]:
-        """The row's chat ``messages`` as given (a prompt mapped from chat messages), else
-        one user message with its ``question``; ``system_prompt`` goes first unless the
-        messages already open with a system message."""
-        if task.get("messages"):
-            messages = [dict(m) for m in task["messages"]]
-        elif "question" in task:
-            messages = [{"role": "user", "content": str(task["question"])}]
-        else:
-            fields = ", ".join(sorted(task))
-            raise ValueError(f"gsm8k task has no 'question' or 'messages' field (fields: {fields})")
-        if self.system_prompt and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return messages
+        return prompt_messages(task, self.system_prompt)
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        # Render to text, then tokenize without extra specials: the template already
-        # holds every special token the model was trained with.
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return prompt_ids(self.tokenizer, messages)
+
+    @classmethod
+    def prompt_lengths(
+        cls, records: Sequence[dict[str, Any]], options: Mapping[str, Any], tokenizer: Any
+    ) -> list[int]:
+        if not records:
+            return []
+        # prompt_ids's steps, batched: one template call and one tokenizer call for all
+        messages = [prompt_messages(r, options.get("system_prompt")) for r in records]
+        texts = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def tokenize_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -79,6 +79,8 @@ def train(
     view = view or SilentView()
     view.phase("checking the recipe, then loading model and data")
     run = build_run(recipe)
+    if run.too_long.files:
+        view.note(run.too_long.message())
     try:
         return _train(run, recipe, resume_dir, dump_rollouts, view)
     finally:
@@ -188,7 +190,7 @@ def _step(
     metrics = {**produced.metrics(), **result.metrics}
     if run.shard is not None:
         metrics["dist/world_size"] = float(run.shard.world_size)
-    metrics |= {mn.TIME_GENERATE: t_gen, mn.TIME_OVERLAP: overlap}
+    metrics |= {mn.TIME_GENERATE: t_gen, mn.TIME_OVERLAP: overlap, **run.too_long.metrics()}
     metrics[mn.TIME_STEP] = time.perf_counter() - t_step
     return metrics, result.batch.skipped_groups, produced.failed_groups, servers_down
 

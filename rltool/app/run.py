@@ -36,13 +36,20 @@ from rltool.app.trackers import check_trackers
 from rltool.config.loader import load_recipe
 from rltool.config.schema import RecipeConfig
 from rltool.lora import AdapterFreeReference, apply_lora, require_peft
-from rltool.models import embedding_rows, load_model_and_tokenizer, resolve_model_path
+from rltool.models import (
+    context_length,
+    embedding_rows,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    resolve_model_path,
+)
 from rltool.produce.backend import RolloutBackend
 from rltool.produce.preflight import check_preflight
 from rltool.produce.producer import Producer
+from rltool.produce.prompt_fit import TooLong, fit_task_data
 from rltool.produce.task_metrics import evaluate_tasks
 from rltool.produce.task_sampler import TaskSampler
-from rltool.produce.task_specs import TaskSpec, load_task_data, task_specs
+from rltool.produce.task_specs import TaskSpec, task_specs
 from rltool.rollout.state import RolloutState
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
@@ -82,6 +89,7 @@ class Run:
     # several processes (FSDP2): this leader's group, and the full copy generation runs on
     shard: Shard | None = None
     rollout_model: Any = None
+    too_long: TooLong = field(default_factory=TooLong)  # prompts left out (data.too_long)
 
     def close(self) -> None:
         self.producer.close()
@@ -152,10 +160,13 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     """Every part of a run; names and data files are checked before the model loads."""
     check_recipe(recipe)
     specs = task_specs(recipe)
-    data = load_task_data(recipe)
     shard = init_shard(recipe.distributed) if with_trainer else None
     ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
     ready(shard)  # the other ranks load the model once it is built
+    # prompts counted with the run's tokenizer and the model's context, before it loads
+    data, too_long = fit_task_data(
+        recipe, load_tokenizer(recipe.model), context_length(recipe.model)
+    )
     seed_everything(recipe.trainer.seed)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     if recipe.model.lora.enabled:  # only the adapters train (rltool/lora.py)
@@ -177,7 +188,7 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     controller = TrainingController(updater, conversion)
     eval_rows = {name: rows[1] for name, rows in data.items()}
     run = Run(recipe, model, tokenizer, specs, eval_rows, producer, controller)
-    run.shard, run.rollout_model = shard, rollout_model
+    run.shard, run.rollout_model, run.too_long = shard, rollout_model, too_long
     return run
 
 

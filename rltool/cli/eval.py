@@ -47,6 +47,7 @@ def eval_command(
     arguments, recipe or eval data; 3: no complete checkpoint; 1: the evaluation failed."""
     from rltool.app.checkpoint import NoCheckpointError
     from rltool.app.evaluate import NoEvalDataError, check_ks, eval_recipe, evaluate_checkpoint
+    from rltool.produce.preflight import PreflightError
     from rltool.report.eval_view import render, render_json
 
     err = make_console(stderr=True)
@@ -66,7 +67,7 @@ def eval_command(
         )
     except NoCheckpointError as exc:
         raise fail(exc, EXIT_NO_CHECKPOINT) from exc
-    except NoEvalDataError as exc:
+    except (NoEvalDataError, PreflightError) as exc:
         raise fail(exc, EXIT_USAGE) from exc
     except (ValueError, FileNotFoundError) as exc:
         raise fail(exc, 1) from exc

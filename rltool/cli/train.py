@@ -69,11 +69,15 @@ def train(
     from rltool.app.driver import train as run_training
     from rltool.app.failed_steps import EXIT_TRAINED_NOTHING
     from rltool.engines.base import ServersDown
+    from rltool.produce.preflight import PreflightError
     from rltool.report.train_view import TrainView
 
     view = TrainView(quiet=quiet)
     try:
         outcome = run_training(cfg, resume_dir=resume, dump_rollouts=dump_rollouts, view=view)
+    except PreflightError as exc:  # refused before the model loads: like a bad recipe
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
     except (ValueError, FileNotFoundError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc

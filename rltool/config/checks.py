@@ -206,6 +206,7 @@ NAMES: dict[str, Names] = {
     "produce.mode": one_of("sync", "async"),
     "produce.buffer_order": one_of("fifo", "stalest"),
     "produce.expired": one_of("retry", "drop"),
+    "data.too_long": one_of("skip", "error"),  # produce/prompt_fit.py
     "distill.mode": one_of("topk", "sampled"),
     "optimizer.schedule": one_of("constant", "cosine", "linear"),
     "distributed.strategy": one_of("full_shard", "shard_grad_op"),

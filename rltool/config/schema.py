@@ -128,6 +128,9 @@ class DataConfig:
     prompt_key: str = ""  # a string, or chat messages (verl: prompt)
     answer_key: str = ""  # the ground truth (verl: reward_model.ground_truth)
     task_key: str = ""  # kept on the row as "task" (verl: data_source)
+    # a prompt too long for the model's context with max_new_tokens after it: skip
+    # (dropped, counted per file) | error (refused before the model loads)
+    too_long: str = "skip"
 
 
 @dataclass

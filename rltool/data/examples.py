@@ -24,8 +24,15 @@ def load_examples(
 ) -> list[dict[str, Any]]:
     """All records of ``files`` mapped by ``fields`` (default: ``question``/``answer``),
     in file order then line/row order."""
+    return [record for _, record in load_located(files, fields)]
+
+
+def load_located(
+    files: Iterable[str | Path], fields: FieldMap | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """``load_examples``'s records, each after where it is (``path:line``, ``path row i``)."""
     fields = fields or FieldMap()
-    out: list[dict[str, Any]] = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for f in files:
         path = _resolve(f)
         if path.is_dir():
@@ -41,7 +48,7 @@ def load_examples(
                 f"data file {path}: unsupported format {path.suffix.lower()!r}; use .jsonl, "
                 ".parquet or a directory saved by datasets' save_to_disk"
             )
-        out.extend(map_record(record, fields, where) for where, record in rows)
+        out.extend((where, map_record(record, fields, where)) for where, record in rows)
     return out
 
 
@@ -51,11 +58,12 @@ def _resolve(f: str | Path) -> Path:
 
 def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     records = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:  # bytes: a line that is not UTF-8 is named, not the codec's
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{path}:{lineno}"
+            line = decode_line(raw, where)
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -64,6 +72,18 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
                 ) from exc
             records.append((where, record))
     return records
+
+
+def decode_line(raw: bytes, where: str) -> str:
+    """One line of a UTF-8 text file; a ValueError naming ``where`` and the bad byte's
+    1-based position in the line when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} "
+            "of the line); save the file as UTF-8"
+        ) from exc
 
 
 def _read_parquet(path: Path) -> list[tuple[str, Any]]:

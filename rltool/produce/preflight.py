@@ -15,12 +15,16 @@ from rltool.produce.task_specs import TASK_NAME_OPTION, TaskSpec
 MAX_RECORDS_NAMED = 3  # bad records named per data file; the rest are counted
 
 
+class PreflightError(ValueError):
+    """The recipe's tasks or data cannot run: refused before the model loads (exit 2)."""
+
+
 def check_preflight(specs: Sequence[TaskSpec]) -> None:
-    """One ValueError listing every problem of every task, or nothing."""
+    """One PreflightError listing every problem of every task, or nothing."""
     problems = preflight_problems(specs)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
-        raise ValueError(
+        raise PreflightError(
             f"preflight: {len(problems)} problem(s) to fix before the model loads:\n{listing}"
         )
 

@@ -5,7 +5,7 @@ Design: docs/production.md#tasks
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rltool.config.schema import AgentLoopConfig, DataConfig, RecipeConfig, TaskConfig
@@ -109,18 +109,33 @@ def check_specs(specs: Sequence[TaskSpec], task_adv_weight: Mapping[str, float])
             )
 
 
-def load_task_data(recipe: RecipeConfig) -> dict[str, tuple[list[dict], list[dict]]]:
-    """Task name -> (train rows, eval rows cut to ``data.eval_limit``)."""
-    from rltool.data import load_examples  # lazy: builtin paths pull in the model stack
+# what a run keeps of one data file: (spec, path, its records after where each is, eval?)
+FileFit = Callable[[TaskSpec, str, list[tuple[str, dict]], bool], list[dict]]
 
+
+def load_task_data(
+    recipe: RecipeConfig, fit: FileFit | None = None
+) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Task name -> (train rows, eval rows cut to ``data.eval_limit``); ``fit`` chooses the
+    rows kept of each file (default: all; ``produce/prompt_fit.py``: those that fit)."""
     out: dict[str, tuple[list[dict], list[dict]]] = {}
     limit = recipe.data.eval_limit
     for spec in task_specs(recipe):
-        train = load_examples(spec.train_files, spec.fields)
+        train = _load(spec, spec.train_files, fit, evaluation=False)
         if not train:
             raise ValueError(
                 f"task {spec.name!r}: the training files {spec.train_files} hold no records"
             )
-        evals = load_examples(spec.eval_files, spec.fields)
+        evals = _load(spec, spec.eval_files, fit, evaluation=True)
         out[spec.name] = (train, evals[:limit] if limit else evals)
     return out
+
+
+def _load(spec: TaskSpec, files: list[str], fit: FileFit | None, evaluation: bool) -> list[dict]:
+    from rltool.data import load_located  # lazy: builtin paths pull in the model stack
+
+    rows: list[dict] = []
+    for path in files:
+        located = load_located([path], spec.fields)
+        rows += [r for _, r in located] if fit is None else fit(spec, path, located, evaluation)
+    return rows

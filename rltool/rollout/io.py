@@ -110,6 +110,17 @@ def _summarise(err: ValidationError) -> tuple[str, str | None, int | None]:
     return "not a RolloutState: " + "; ".join(parts), *_field_position(first["loc"])
 
 
+def _utf8_problem(line: bytes) -> tuple[str, None, None] | None:
+    """A line that is not UTF-8 named by its first bad byte (error path only): pydantic
+    reads it as JSON with an "invalid unicode code point" or "expected value"."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = line[exc.start]
+        return f"not valid UTF-8: byte 0x{bad:02x} at byte {exc.start + 1} of the line", None, None
+    return None
+
+
 def _rollout_id_of(line: bytes) -> str | None:
     """Best-effort rollout_id of a line that failed validation (error path only)."""
     try:
@@ -160,7 +171,7 @@ def iter_rollouts(
             try:
                 sample, foreign = parse_line(line)
             except ValidationError as err:
-                message, field, position = _summarise(err)
+                message, field, position = _utf8_problem(line) or _summarise(err)
                 rid = _rollout_id_of(line)
                 yield line_no, LineError(path, line_no, message, field, position, rid)
                 continue

@@ -73,14 +73,14 @@ def test_sandbox_recipe_without_bwrap_fails_before_the_model_loads(monkeypatch, 
     )
 
 
-def test_cli_without_bwrap_exits_non_zero_naming_bubblewrap(tmp_path):
+def test_cli_without_bwrap_exits_2_naming_bubblewrap(tmp_path):
     env = wide_environ(PATH=str(VENV_BIN), PYTHONPATH=str(REPO))
     done = subprocess.run(
         [str(VENV_BIN / "rltool"), "train", "recipes/sandbox_code.yaml",
          f"logging.run_dir={tmp_path}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr  # refused before the model loads
     assert "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap" in done.stderr
     assert list(tmp_path.iterdir()) == []  # no run directory: it stopped before the run began
 

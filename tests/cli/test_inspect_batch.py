@@ -249,6 +249,15 @@ def test_bad_line_exits_1_naming_file_and_line(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_a_line_that_is_not_utf8_exits_1_naming_file_line_and_byte(tmp_path):
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(ROLLOUTS.read_bytes().splitlines()[0] + b"\n\xfe\n")
+    result = inspect(path)
+    assert result.exit_code == 1
+    assert f"{path}:2: not valid UTF-8: byte 0xfe at byte 1 of the line" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_sample_longer_than_pack_exits_1_naming_it():
     # calc-s0-t1 has 10 tokens, 9 after the shift
     result = inspect(ROLLOUTS, "--pack-max-length", "8")

@@ -237,3 +237,13 @@ def test_a_response_mask_that_contradicts_the_labels_is_an_error(tmp_path: Path)
         "response_mask contradicts labels at 1 response token(s): the first, response "
         "position 1 (input position 4), has mask 1 but its label says not supervised"
     )
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(json.dumps(WORKED).encode() + b"\n\xff\n")
+    result = run("--format", "json", path)
+    assert result.exit_code == 1  # an unparsable line, as documented
+    (v,) = json.loads(result.stdout)["violations"]
+    assert (v["file"], v["line"]) == (str(path), 2)
+    assert v["message"] == "not valid UTF-8: byte 0xff at byte 1 of the line"

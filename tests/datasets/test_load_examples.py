@@ -66,3 +66,15 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
     not_parquet.write_text("hello")
     with pytest.raises(ValueError, match="cannot read as Parquet"):
         load_examples([not_parquet])
+
+
+def test_invalid_utf8_names_file_line_and_byte(tmp_path: Path) -> None:
+    # line 3 holds byte 0xff as the 15th byte of the line: {"question": "\xff
+    path = tmp_path / "latin.jsonl"
+    good = json.dumps(RECORDS[0]).encode()
+    path.write_bytes(good + b"\n\n" + b'{"question": "\xff", "answer": "1"}\n')
+    with pytest.raises(ValueError) as info:
+        load_examples([path])
+    message = str(info.value)
+    assert message.startswith(f"{path}:3: not valid UTF-8 (byte 0xff at byte 15 of the line)")
+    assert "codec" not in message

@@ -43,6 +43,6 @@ def test_preflight_names_the_missing_mapped_field(tiny_checkpoint, tmp_path: Pat
         "data.answer_key=reward_model.answer",
     )
     result = run_cli(args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "preflight" in result.output
     assert f"{train} row 0: missing field 'reward_model.answer'" in result.output

@@ -272,3 +272,19 @@ def test_a_field_rltool_defines_nested_in_a_record_is_still_refused(tmp_path: Pa
     ((_, err),) = list(iter_rollouts(path))
     assert isinstance(err, LineError)
     assert "teacher_targets.topk: Extra inputs are not permitted" in err.message
+
+
+def test_a_line_that_is_not_utf8_is_named_by_its_byte(tmp_path: Path) -> None:
+    # "\xff" inside a string (pydantic: "invalid unicode code point") and first on a line
+    # (pydantic: "expected value"): both are named as bytes that are not UTF-8
+    good = json.dumps(WORKED).encode()
+    inside = good.replace(b'"r1"', b'"r\xff"')
+    at = inside.index(b"\xff") + 1
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(good + b"\n" + inside + b"\n" + b"\xff{}\n")
+    items = list(iter_rollouts(path))
+    assert [n for n, _ in items] == [1, 2, 3]
+    assert [str(e) for _, e in items[1:]] == [
+        f"{path}:2: not valid UTF-8: byte 0xff at byte {at} of the line",
+        f"{path}:3: not valid UTF-8: byte 0xff at byte 1 of the line",
+    ]
