@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from rltool.app.run import build_updater, seed_everything, trainer_model
+from rltool.app.run_lock import HELD_ENV, RunLock
 from rltool.app.sharded_checkpoint import restore_updater, write_sharded
 from rltool.config.schema import RecipeConfig
 from rltool.models import load_model_and_tokenizer
@@ -56,12 +57,20 @@ def relaunch_command(recipe: RecipeConfig, argv: list[str]) -> list[str] | None:
     ]
 
 
-def run_launcher(command: list[str]) -> int:
+def run_launcher(command: list[str], resume_dir: Path | None = None) -> int:
     """Run torch.distributed.run and return its status: 130 / 143 after Ctrl-C / SIGTERM,
     as on one process. Ctrl-C reaches it from the terminal and it passes the signal on to
     the ranks (the leader stops cleanly and saves); a SIGTERM sent to this process is
-    forwarded to it. This process must not die first."""
-    proc = subprocess.Popen(command)
+    forwarded to it. This process must not die first. A resumed run's directory is locked
+    here, for the whole group (``RunInUseError`` before anything starts)."""
+    if resume_dir is None:  # a new run: the leader locks the directory it creates
+        return _launch(command)
+    with RunLock(resume_dir):
+        return _launch(command, {HELD_ENV: str(Path(resume_dir).resolve())})
+
+
+def _launch(command: list[str], env: dict[str, str] | None = None) -> int:
+    proc = subprocess.Popen(command, env={**os.environ, **(env or {})})
     seen: list[int] = []
 
     def on_signal(sig: int, _frame: object) -> None:

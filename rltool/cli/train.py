@@ -62,30 +62,41 @@ def train(
         return
     argv = ["train", *([recipe] if recipe else []), *overrides]
     argv += [*(["--resume", str(resume)] if resume else []), *(["--quiet"] if quiet else [])]
-    if _several_processes(cfg, argv + (["--dump-rollouts"] if dump_rollouts else [])):
+    if _several_processes(cfg, argv + (["--dump-rollouts"] if dump_rollouts else []), resume):
         return
 
+    from rltool.app.checkpoint import DiskFullError
     from rltool.app.driver import train as run_training
     from rltool.app.failed_steps import EXIT_TRAINED_NOTHING
+    from rltool.app.run_lock import RunInUseError
+    from rltool.app.signals import SecondInterrupt
     from rltool.report.train_view import TrainView
 
     view = TrainView(quiet=quiet)
     try:
         outcome = run_training(cfg, resume_dir=resume, dump_rollouts=dump_rollouts, view=view)
-    except (ValueError, FileNotFoundError) as exc:
+    except RunInUseError as exc:  # another process trains this run: before the model loads
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
+    except (ValueError, FileNotFoundError, DiskFullError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     except KeyboardInterrupt as exc:  # a second Ctrl-C: stop now, without a save
+        how = "by a second Ctrl-C" if isinstance(exc, SecondInterrupt) else "by Ctrl-C"
         Console(stderr=True).print(
-            "[bold yellow]aborted[/] by a second Ctrl-C; the newest complete checkpoint stays "
+            f"[bold yellow]aborted[/] {how}; the newest complete checkpoint stays "
             "(rltool train --resume RUN_DIR continues from it)"
         )
         raise typer.Exit(EXIT_CODES["SIGINT"]) from exc
     code = EXIT_CODES.get(outcome.stopped_by)
     if code is not None:
+        what = (
+            f"after step {outcome.steps_done}, checkpoint saved"
+            if outcome.saved is not None
+            else f"before step {outcome.steps_done + 1}, nothing new to save"
+        )
         Console().print(
-            f"[bold yellow]interrupted by {outcome.stopped_by}[/] after step "
-            f"{outcome.steps_done}, checkpoint saved; continue with: "
+            f"[bold yellow]interrupted by {outcome.stopped_by}[/] {what}; continue with: "
             f"rltool train --resume {escape(str(outcome.run_dir))}"
         )
         raise typer.Exit(code)
@@ -94,7 +105,7 @@ def train(
         raise typer.Exit(EXIT_TRAINED_NOTHING)
 
 
-def _several_processes(cfg, argv: list[str]) -> bool:
+def _several_processes(cfg, argv: list[str], resume: Path | None) -> bool:
     """``distributed.nproc_per_node`` > 1: relaunch this command through
     torch.distributed.run and exit with its status; a rank other than 0 of such a group
     follows the leader and prints nothing. False: this process is the one that trains."""
@@ -102,11 +113,13 @@ def _several_processes(cfg, argv: list[str]) -> bool:
 
     try:
         command = relaunch_command(cfg, argv)
+        if command is not None:
+            status = run_launcher(command, resume)  # ValueError: the run is in use
     except ValueError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     if command is not None:
-        raise typer.Exit(run_launcher(command))
+        raise typer.Exit(status)
     if is_follower():
         follow(cfg)
         return True
