@@ -121,7 +121,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write_tmp(tmp, model, tokenizer, state, write_model)
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:  # safetensors' SafetensorError is no OSError: any, re-raised
         shutil.rmtree(tmp, ignore_errors=True)  # a partial save would keep the disk full
         if _is_disk_full(exc):
             raise DiskFullError(_disk_full_message(ckpt_root, exc)) from exc

@@ -27,6 +27,8 @@ TORCH_FULL = (
     "data/0: file write failed"
 )
 
+SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+
 
 class _Tok:
     def save_pretrained(self, path):
@@ -53,8 +55,12 @@ def _state(step: int) -> TrainerState:
 
 @pytest.mark.parametrize(
     "error",
-    [RuntimeError(TORCH_FULL), OSError(errno.ENOSPC, "No space left on device")],
-    ids=["torch-enforce", "enospc"],
+    [
+        RuntimeError(TORCH_FULL),
+        OSError(errno.ENOSPC, "No space left on device"),
+        Exception(SAFETENSORS_FULL),  # safetensors' SafetensorError derives from Exception
+    ],
+    ids=["torch-enforce", "enospc", "safetensors"],
 )
 def test_a_full_disk_names_path_and_free_space_and_removes_the_partial_save(
     tmp_path, monkeypatch, error
