@@ -7,16 +7,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from cli_runner import run_cli
+import pytest
+from cli_runner import run_cli, wide_environ
 from short_runs import short_gsm8k_args
 
+import rltool
 from rltool.app import driver
-from rltool.app.run_lock import RunLock
+from rltool.app.run_lock import LOCK_FILE, RunLock
 from rltool.config.loader import load_recipe, recipe_to_yaml
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
+MAIN = "from rltool.cli.app import main; main()"
 
 
 def _keys(run_dir: Path) -> list[tuple[int, str]]:
@@ -94,3 +100,52 @@ def test_a_new_run_that_fails_before_it_starts_leaves_no_directory(tmp_path, mon
     assert result.exit_code == 1
     assert "data.train_files: no such file" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def _start(*args: str) -> subprocess.Popen:
+    env = wide_environ(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(rltool.__file__).parents[1]))
+    return subprocess.Popen(
+        [sys.executable, "-c", MAIN, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_locked(run_dir: Path, pid: int) -> None:
+    deadline = time.monotonic() + 120
+    lock = run_dir / LOCK_FILE
+    while not (lock.is_file() and lock.read_text().startswith(f"pid {pid} ")):
+        assert time.monotonic() < deadline, f"{lock} never held by {pid}"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_real_signals_and_a_second_process_on_one_run(tiny_checkpoint, tmp_path):
+    run_dir = tmp_path / "t"
+    first = _start(*short_gsm8k_args(tiny_checkpoint, tmp_path, 2))
+    _wait_locked(run_dir, first.pid)
+    first.send_signal(signal.SIGTERM)  # while the model loads: before step 1
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 143, out
+    assert "interrupted by SIGTERM before step 1, nothing new to save" in out, out
+    assert "Traceback" not in out
+
+    trainer = _start("train", "--resume", str(run_dir), "trainer.steps=100000")
+    _wait_locked(run_dir, trainer.pid)
+    t0 = time.monotonic()
+    second = _start("train", "--resume", str(run_dir))
+    out2, _ = second.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert trainer.poll() is None, "the first trainer ended before the check: not a test"
+    trainer.kill()  # kill -9: the kernel drops its lock
+    trainer.communicate(timeout=60)
+    assert second.returncode == 2, out2
+    assert f"{run_dir} is in use by pid {trainer.pid} (started " in " ".join(out2.split())
+    print(f"second process refused in {took:.2f} s (interpreter start included)")
+
+    third = _start("train", "--resume", str(run_dir), "trainer.steps=1")
+    out3, _ = third.communicate(timeout=300)
+    assert third.returncode == 0, out3  # the dead holder's lock taken over
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000001"
