@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import ray
 
 from rltool.config.schema import RolloutConfig
+from rltool.produce.ray_reaper import start_reaper
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,4 +73,5 @@ def connect_ray(rollout: RolloutConfig) -> RaySession:
     if (tmpdir := ray_tmpdir(os.environ)) is not None:
         os.environ["RAY_TMPDIR"] = tmpdir
     ray.init(num_cpus=local_num_cpus(rollout), include_dashboard=False, **quiet)
+    start_reaper()  # the local Ray's helpers die with this process, even by kill -9
     return RaySession(owned=True, start_s=time.perf_counter() - start)
