@@ -10,9 +10,11 @@ Design: docs/distributed.md
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from rltool.app.run import build_updater, seed_everything, trainer_model
@@ -66,11 +68,20 @@ def run_launcher(command: list[str], resume_dir: Path | None = None) -> int:
     if resume_dir is None:  # a new run: the leader locks the directory it creates
         return _launch(command)
     with RunLock(resume_dir):
-        return _launch(command, {HELD_ENV: str(Path(resume_dir).resolve())})
+        return _launch(command, {HELD_ENV: str(Path(resume_dir).resolve())}, resume_dir)
 
 
-def _launch(command: list[str], env: dict[str, str] | None = None) -> int:
-    proc = subprocess.Popen(command, env={**os.environ, **(env or {})})
+def _launch(
+    command: list[str], env: dict[str, str] | None = None, run_dir: Path | None = None
+) -> int:
+    """torchrun's stderr (the ranks' too) passes through, read for the root cause of a
+    failure: a rank that died is named, with its cause and the ``--resume`` line."""
+    proc = subprocess.Popen(
+        command, env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True
+    )
+    lines: list[str] = []
+    relay = threading.Thread(target=_relay, args=(proc.stderr, lines), daemon=True)
+    relay.start()
     seen: list[int] = []
 
     def on_signal(sig: int, _frame: object) -> None:
@@ -81,10 +92,52 @@ def _launch(command: list[str], env: dict[str, str] | None = None) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         status = proc.wait()
+        relay.join(timeout=10)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 + seen[0] if seen and status != 0 else status
+    if seen and status != 0:
+        return 128 + seen[0]
+    if status != 0 and (cause := root_cause(lines)) is not None:
+        where = run_dir if run_dir is not None else "RUN_DIR (the run's directory)"
+        print(
+            f"error: {cause}; the group stopped. Continue from the newest complete "
+            f"checkpoint with: rltool train --resume {where}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return status
+
+
+def _relay(stream, lines: list[str]) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        lines.append(line)
+        del lines[:-200]  # the root cause is in torchrun's last lines
+
+
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:.*\((SIG\w+)\))?")
+
+
+def root_cause(lines: list[str]) -> str | None:
+    """The rank and cause of torchrun's 'Root Cause (first observed failure)' block,
+    e.g. ``rank 1 died (exit code -9, SIGKILL)``; None without such a block."""
+    start = next((i for i in range(len(lines) - 1, -1, -1) if "Root Cause" in lines[i]), None)
+    if start is None:
+        return None
+    rank = code = sig = None
+    for line in lines[start:]:
+        if rank is None and (m := _ROOT_RANK.match(line)):
+            rank = m.group(1)
+        elif code is None and (m := _ROOT_EXIT.match(line)):
+            code, sig = m.group(1), m.group(2)
+    if rank is None:
+        return None
+    how = f"exit code {code}" + (f", {sig}" if sig else "") if code is not None else "failed"
+    verb = "was killed" if sig else "failed"
+    return f"rank {rank} {verb} ({how})"
 
 
 def is_follower() -> bool:
