@@ -99,7 +99,7 @@ def _launch(
     if seen and status != 0:
         return 128 + seen[0]
     if status != 0 and (cause := root_cause(lines)) is not None:
-        where = run_dir if run_dir is not None else "RUN_DIR (the run's directory)"
+        where = run_dir if run_dir is not None else "RUN_DIR (shown as the run starts)"
         print(
             f"error: {cause}; the group stopped. Continue from the newest complete "
             f"checkpoint with: rltool train --resume {where}",

@@ -37,8 +37,15 @@ def train(
     Exit 130 / 143 after a clean stop on Ctrl-C / SIGTERM (the checkpoint is saved); exit 3
     when the run trained on no sample at all, or stopped because every sample failed
     trainer.max_failed_steps steps in a row (the failure reasons are printed)."""
+    from rltool.app.run_lock import RunInUseError, RunLock
     from rltool.config.loader import load_recipe, recipe_to_yaml, resume_recipe
 
+    if resume is not None and resume.is_dir() and not print_config:
+        try:  # a run in use: said at once (the driver holds the lock for the run's life)
+            RunLock(resume).acquire().release()
+        except RunInUseError as exc:
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+            raise typer.Exit(2) from exc
     overrides = list(overrides or [])
     if resume is not None and recipe is not None and "=" in recipe and not Path(recipe).exists():
         overrides.insert(0, recipe)  # `--resume RUN key=value`: no recipe, an override
@@ -68,7 +75,6 @@ def train(
     from rltool.app.checkpoint import DiskFullError
     from rltool.app.driver import train as run_training
     from rltool.app.failed_steps import EXIT_TRAINED_NOTHING
-    from rltool.app.run_lock import RunInUseError
     from rltool.app.signals import SecondInterrupt
     from rltool.report.train_view import TrainView
 

@@ -3,6 +3,7 @@ and prints the ``--resume`` line (app/distributed.py); the run resumes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -105,4 +106,5 @@ def test_a_killed_rank_is_named_with_the_resume_line(tiny_checkpoint, tmp_path) 
         timeout=600,
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout + again.stderr
+    resumed = json.loads((run_dir / "resumes.jsonl").read_text().splitlines()[-1])
+    assert resumed["checkpoint"].startswith("step_")  # from the checkpoint before the kill
