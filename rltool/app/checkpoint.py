@@ -13,6 +13,7 @@ Design: docs/app.md#checkpoints
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -46,6 +47,16 @@ class TrainerState:
 
 class NoCheckpointError(ValueError):
     """No complete, loadable checkpoint in a run directory."""
+
+
+class DiskFullError(OSError):
+    """A save ran out of disk space; its partial directory is removed already."""
+
+
+# what a full disk looks like from each writer: an OSError's errno, else the text of the
+# error torch.save (its C++ stream writer) or safetensors (a Rust io::Error) raises
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXTS = ("No space left on device", "StorageFull", "file write failed", "Disk quota")
 
 
 def capture_rng() -> dict[str, Any]:
@@ -108,6 +119,32 @@ def save_checkpoint(
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_tmp(tmp, model, tokenizer, state, write_model)
+    except Exception as exc:  # safetensors' SafetensorError is no OSError: any, re-raised
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial save would keep the disk full
+        if _is_disk_full(exc):
+            raise DiskFullError(_disk_full_message(ckpt_root, exc)) from exc
+        raise
+    if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    latest_tmp = ckpt_root / f".{LATEST}.tmp"
+    latest_tmp.write_text(name + "\n")
+    os.replace(latest_tmp, ckpt_root / LATEST)
+    _fsync(ckpt_root)
+    _prune(ckpt_root, keep_last)
+    return final
+
+
+def _write_tmp(
+    tmp: Path,
+    model: Any,
+    tokenizer: Any,
+    state: TrainerState,
+    write_model: Callable[[Path], None] | None,
+) -> None:
+    """Every file of the checkpoint into ``tmp``, the manifest last, all fsynced."""
     tmp.mkdir()
     if write_model is None:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -128,15 +165,44 @@ def save_checkpoint(
     fault_point("save", state.step)  # the fault drill: weights and state written, no manifest
     _write_manifest(tmp)
     _fsync(tmp)
-    if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    latest_tmp = ckpt_root / f".{LATEST}.tmp"
-    latest_tmp.write_text(name + "\n")
-    os.replace(latest_tmp, ckpt_root / LATEST)
-    _fsync(ckpt_root)
-    _prune(ckpt_root, keep_last)
-    return final
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        return True
+    return any(text in str(exc) for text in _FULL_TEXTS)
+
+
+def _disk_full_message(ckpt_root: Path, exc: BaseException) -> str:
+    """The path, the free space (measured once the partial save is gone), the size of the
+    newest complete checkpoint (about what the next one needs) and how to go on."""
+    free = shutil.disk_usage(ckpt_root).free
+    complete = checkpoint_dirs(ckpt_root.parent)
+    if complete:
+        size = sum(p.stat().st_size for p in complete[0].rglob("*") if p.is_file())
+        need = f"; the newest checkpoint, {complete[0].name}, takes {_mib(size)}"
+        kept = f"{complete[0].name} and older checkpoints stay"
+    else:
+        need, kept = "", "no earlier checkpoint"
+    return (
+        f"no space left on the device of {ckpt_root} to save a checkpoint: {_mib(free)} "
+        f"free{need} ({type(exc).__name__}: {_first_line(exc)}). The partial save was "
+        f"removed; {kept}. Free some space, then continue with: rltool train --resume "
+        f"{ckpt_root.parent}"
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def remove_partial_saves(run_dir: Path) -> list[Path]:
+    """Remove the ``.tmp-step_*`` directories of saves that did not finish (a kill, a full
+    disk); only the run's lock holder may call this. Returns what was removed."""
+    partial = sorted((run_dir / "checkpoints").glob(".tmp-step_*"))
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:

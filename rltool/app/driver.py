@@ -4,12 +4,14 @@ checkpoint; what happens is told to a ``RunView``."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rltool import metric_names as mn
 from rltool.agent_loops.evaluation import EvaluationFailed
+from rltool.app.checkpoint import NoCheckpointError, checkpoint_dirs, remove_partial_saves
 from rltool.app.failed_steps import (
     all_failed,
     failed_streak,
@@ -31,6 +33,7 @@ from rltool.app.run import (
     tell,
     trainer_state,
 )
+from rltool.app.run_lock import LOCK_FILE, RunLock
 from rltool.app.signals import StopRequest
 from rltool.app.trackers import open_trackers
 from rltool.app.view import RunView, SilentView
@@ -57,17 +60,22 @@ class TrainOutcome:
     # why the run is not a success (it stopped on failures, or trained on no sample at
     # all); the CLI exits with failed_steps.EXIT_TRAINED_NOTHING
     failure: str | None = None
+    saved: Path | None = None  # the checkpoint this process saved last (None: none)
 
 
 def new_run_dir(recipe: RecipeConfig) -> Path:
-    """runs/<name>, or runs/<name>-2, -3, ... so a second run never overwrites the first."""
+    """runs/<name>, or runs/<name>-2, -3, ... so a second run never overwrites the first;
+    created here (mkdir claims a name atomically: two runs started at once differ)."""
     root = Path(recipe.logging.run_dir)
-    base = root / recipe.logging.name
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = root / f"{recipe.logging.name}-{n}"
-    return path
+    root.mkdir(parents=True, exist_ok=True)
+    path, n = root / recipe.logging.name, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = root / f"{recipe.logging.name}-{n}"
 
 
 def train(
@@ -76,44 +84,85 @@ def train(
     dump_rollouts: bool = False,
     view: RunView | None = None,
 ) -> TrainOutcome:
+    """The run, in its directory locked against a second writer (``RunInUseError``, raised
+    before the model loads); Ctrl-C / SIGTERM at any moment from here on end it cleanly."""
     view = view or SilentView()
-    view.phase("checking the recipe, then loading model and data")
-    run = build_run(recipe)
-    if run.too_long.files:
-        view.note(run.too_long.message())
-    try:
-        return _train(run, recipe, resume_dir, dump_rollouts, view)
-    finally:
-        run.close()
+    run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
+    stop = StopRequest()
+    with RunLock(run_dir), stop.installed():
+        if resume_dir is None:  # a stop before step 1 leaves a run --resume starts again
+            (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
+        view.phase("checking the recipe, then loading model and data")
+        try:
+            run = build_run(recipe)
+        except BaseException:
+            if resume_dir is None:  # nothing of this run exists but its config
+                _remove_unstarted(run_dir)
+            raise
+        if run.too_long.files:
+            view.note(run.too_long.message())
+        try:
+            return _train(run, recipe, run_dir, resume_dir is not None, dump_rollouts, view, stop)
+        finally:
+            run.close()
+
+
+def _remove_unstarted(run_dir: Path) -> None:
+    if {p.name for p in run_dir.iterdir()} <= {RUN_CONFIG, LOCK_FILE}:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _train(
-    run: Run, recipe: RecipeConfig, resume_dir: Path | None, dump_rollouts: bool, view: RunView
+    run: Run,
+    recipe: RecipeConfig,
+    run_dir: Path,
+    resumed: bool,
+    dump_rollouts: bool,
+    view: RunView,
+    stop: StopRequest,
 ) -> TrainOutcome:
     view.show_staleness = recipe.produce.mode == "async"
-    run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    evals = None
-    if resume_dir is not None:
-        evals = _resume(run, recipe, resume_dir, view)
-    else:
-        (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
+    evals = _resume(run, recipe, run_dir, view) if resumed else None
     dump = dump_rollouts or recipe.logging.dump_rollouts
     writer = MetricsWriter(run_dir, open_trackers(run_dir, recipe))
     try:
-        return _loop(run, run_dir, writer, view, dump, evals)
+        return _loop(run, run_dir, writer, view, dump, evals, stop)
     finally:
         writer.close()
 
 
-def _resume(run: Run, recipe: RecipeConfig, run_dir: Path, view: RunView) -> list[dict]:
+def _resume(run: Run, recipe: RecipeConfig, run_dir: Path, view: RunView) -> list[dict] | None:
     """Load the checkpoint, cut metrics.jsonl back to it, record the config changes;
-    returns the evaluation lines kept."""
-    found = resume(run, run_dir)
+    returns the evaluation lines kept. A run stopped before its first checkpoint starts
+    again from step 0 with its config (None: no evaluation kept)."""
+    for partial in remove_partial_saves(run_dir):  # the lock is ours: no save in progress
+        view.note(f"removed {partial.name}, a save that did not finish")
+    if not checkpoint_dirs(run_dir):
+        view.note(f"no checkpoint yet in {run_dir}: starting from step 0 with its config")
+        trim_metrics(run_dir, 0)
+        _record_resume(run, recipe, run_dir, view, None, [])
+        return None
+    try:
+        found = resume(run, run_dir)
+    except NoCheckpointError as exc:  # every checkpoint damaged: the way to start again
+        raise NoCheckpointError(f"{exc}: rltool train {run_dir / RUN_CONFIG}") from exc
     for line in found.skipped:
         view.note(f"skipped {line}")
     view.note(f"resumed from {found.path} at step {run.step}")
     kept = trim_metrics(run_dir, found.state.extra["metrics_lines"])
+    _record_resume(run, recipe, run_dir, view, found.path.name, found.skipped)
+    return [x for x in kept if x.get("kind") == "eval"]
+
+
+def _record_resume(
+    run: Run,
+    recipe: RecipeConfig,
+    run_dir: Path,
+    view: RunView,
+    checkpoint: str | None,
+    skipped: list[str],
+) -> None:
+    """The config changes shown and kept, the resume appended to resumes.jsonl."""
     changes = config_changes(load_recipe(run_dir / RUN_CONFIG), recipe)
     if changes:
         view.note(
@@ -122,8 +171,8 @@ def _resume(run: Run, recipe: RecipeConfig, run_dir: Path, view: RunView) -> lis
         (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
     record = {
         "step": run.step,
-        "checkpoint": found.path.name,
-        "skipped": found.skipped,
+        "checkpoint": checkpoint,
+        "skipped": skipped,
         "changes": {key: [old, new] for key, old, new in changes},
     }
     with (run_dir / "resumes.jsonl").open("a", encoding="utf-8") as f:
@@ -133,7 +182,6 @@ def _resume(run: Run, recipe: RecipeConfig, run_dir: Path, view: RunView) -> lis
             f"the run has already reached trainer.steps={recipe.trainer.steps}; "
             "give trainer.steps=N to train on"
         )
-    return [x for x in kept if x.get("kind") == "eval"]
 
 
 def _evaluate(run: Run, writer: MetricsWriter, view: RunView) -> dict[str, float]:
@@ -202,25 +250,27 @@ def _loop(
     view: RunView,
     dump: bool,
     evals: list[dict] | None,
+    stop: StopRequest,
 ) -> TrainOutcome:
     """Steps until done. A resumed run (``evals``: the evaluation lines kept) evaluates
-    no step twice: an evaluation at its checkpoint's step is already in metrics.jsonl."""
+    no step twice: an evaluation at its checkpoint's step is already in metrics.jsonl.
+    A stop (``stop``) is obeyed after the evaluation or step it arrives in."""
     cfg = run.recipe.trainer
     ckpt_root = run_dir / "checkpoints"
-    if evals is None:
-        first_eval = _evaluate(run, writer, view)
+    if evals is None:  # not when the stop came while the run was being built
+        first_eval = {} if stop.requested else _evaluate(run, writer, view)
         last_eval, last_eval_step = first_eval, run.step
     else:
         first_eval, last_eval = (_scores(evals[0]), _scores(evals[-1])) if evals else ({}, {})
         last_eval_step = evals[-1]["step"] if evals else -1
-    stopped_by, eval_error, servers_down = "steps", None, None
+    stopped_by = stop.signal_name if stop.requested else "steps"
+    eval_error, servers_down = None, None
     saved, saved_at = None, None
     first_step, unsaved_from = len(run.history), len(run.history)  # history index
     seen: set[str] = set()  # failure reasons shown in full already
     started = time.perf_counter()
-    stop = StopRequest()
-    with stop.installed(), view.progress(total=cfg.steps, done=run.step) as advance:
-        while run.step < cfg.steps:
+    with view.progress(total=cfg.steps, done=run.step) as advance:
+        while stopped_by == "steps" and run.step < cfg.steps:
             metrics, skipped, failed, servers_down = _step(run, run_dir, view, dump)
             run.history.append(metrics)
             writer.write(run.step, metrics, kind="train")
@@ -256,7 +306,9 @@ def _loop(
         evaluated, eval_error = _evaluate_or_stop(run, writer, view)
         last_eval = evaluated if evaluated is not None else last_eval
     unsaved = run.history[unsaved_from:]
-    if not _saves_at_end(unsaved, stopped_by):
+    if stopped_by in ("SIGINT", "SIGTERM") and len(run.history) == first_step:
+        view.note(f"stopped by {stopped_by} before step {run.step + 1}: nothing new to save")
+    elif not _saves_at_end(unsaved, stopped_by):
         newest = f"; the newest checkpoint is {saved}" if saved else ""
         view.note(f"no checkpoint saved for the last {len(unsaved)} steps (all failed){newest}")
     else:
@@ -264,7 +316,7 @@ def _loop(
             state = trainer_state(run, writer.lines)
             saved = save(run, ckpt_root, state)
         view.note(f"checkpoint saved: {saved}")
-    outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval)
+    outcome = TrainOutcome(run_dir, run.step, stopped_by, first_eval, last_eval, saved=saved)
     outcome.failures = run_failures(run.history)
     if eval_error is not None:
         outcome.stopped_by, outcome.failure = "failures", eval_error

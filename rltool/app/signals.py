@@ -8,6 +8,10 @@ from contextlib import contextmanager
 from typing import Any
 
 
+class SecondInterrupt(KeyboardInterrupt):
+    """The second Ctrl-C: stop now, without a save."""
+
+
 class StopRequest:
     """Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C aborts."""
 
@@ -17,7 +21,7 @@ class StopRequest:
 
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise SecondInterrupt
         self.requested = True
         self.signal_name = signal.Signals(signum).name
 

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
 
 from rltool.config.schema import RolloutConfig
+from rltool.produce.ray_reaper import start_reaper
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +54,35 @@ def ray_tmpdir(environ: Mapping[str, str]) -> str | None:
     return SHORT_RAY_TMPDIR if len(base) + _RAY_SOCKET_TAIL > _SOCKET_PATH_MAX else None
 
 
+@contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """ray.init replaces this process's SIGTERM handler (with ``sys.exit``) and its core
+    worker installs a crash handler that dumps and aborts (exit 134): the caller's own
+    handlers (a run's clean stop on Ctrl-C / SIGTERM) are put back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+
+
 def connect_ray(rollout: RolloutConfig) -> RaySession:
-    """Join ``rollout.ray_address``, reuse a connected Ray, or start a local one."""
+    """Join ``rollout.ray_address``, reuse a connected Ray, or start a local one; the
+    signal handlers stay this process's own."""
     if ray.is_initialized():
         return RaySession(owned=False, start_s=0.0)
+    # no crash dump and abort on SIGTERM in this process (Ray's workers inherit it)
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    with _own_signal_handlers():
+        return _connect(rollout)
+
+
+def _connect(rollout: RolloutConfig) -> RaySession:
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
     start = time.perf_counter()
     if rollout.ray_address:
@@ -72,4 +101,5 @@ def connect_ray(rollout: RolloutConfig) -> RaySession:
     if (tmpdir := ray_tmpdir(os.environ)) is not None:
         os.environ["RAY_TMPDIR"] = tmpdir
     ray.init(num_cpus=local_num_cpus(rollout), include_dashboard=False, **quiet)
+    start_reaper()  # the local Ray's helpers die with this process, even by kill -9
     return RaySession(owned=True, start_s=time.perf_counter() - start)

@@ -17,7 +17,7 @@ from cli_runner import run_cli
 from short_runs import short_gsm8k_args
 
 from rltool.app import driver
-from rltool.app.signals import StopRequest
+from rltool.app.signals import SecondInterrupt, StopRequest
 from rltool.config.loader import load_recipe, recipe_to_yaml
 from rltool.rollout.io import read_groups
 
@@ -197,18 +197,21 @@ def test_signal_stops_cleanly_with_the_shell_exit_code(
 
 def test_resume_without_any_complete_checkpoint_names_the_run(tiny_checkpoint, tmp_path):
     run_dir = tmp_path / "run"
-    (run_dir / "checkpoints" / ".tmp-step_000001").mkdir(parents=True)  # killed in its save
+    (run_dir / "checkpoints" / "step_000001").mkdir(parents=True)  # killed in its save
     made = load_recipe(RECIPE, [f"model.path={tiny_checkpoint}", "data.eval_limit=2"])
     (run_dir / "config.yaml").write_text(recipe_to_yaml(made))
     result = run_cli(["train", "--resume", str(run_dir)])
     assert result.exit_code == 1
     assert f"no complete checkpoint to resume from in {run_dir}" in result.output
+    assert f"start a new run instead of --resume: rltool train {run_dir}/config.yaml" in (
+        result.output
+    )
     assert "Traceback" not in result.output
 
 
 def test_second_ctrl_c_aborts_with_130_and_no_traceback(tiny_checkpoint, tmp_path, monkeypatch):
     def abort(*args, **kwargs):
-        raise KeyboardInterrupt  # what StopRequest raises on the second Ctrl-C
+        raise SecondInterrupt  # what StopRequest raises on the second Ctrl-C
 
     monkeypatch.setattr(driver, "_step", abort)
     result = run_cli(_small(tiny_checkpoint, tmp_path, 2))
