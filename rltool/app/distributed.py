@@ -97,7 +97,8 @@ def follow(recipe: RecipeConfig) -> None:
         model, _, _ = load_model_and_tokenizer(recipe.model)
         model = trainer_model(model, recipe, shard)
         updater = build_updater(recipe, model, shard)
-        controller = TrainingController(updater, ConversionConfig.from_recipe(recipe))
+        conversion = ConversionConfig.from_recipe(recipe)
+        controller = TrainingController(updater, conversion, seed=recipe.trainer.seed)
         while True:
             kind, arg = receive(shard)
             if kind == "fit":

@@ -21,6 +21,7 @@ from rltool.app.failed_steps import (
 )
 from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
+from rltool.app.rollout_dumps import DumpSource, write_step_dump
 from rltool.app.run import (
     Run,
     build_run,
@@ -42,7 +43,6 @@ from rltool.config.loader import (
     recipe_to_yaml,
 )
 from rltool.config.schema import RecipeConfig
-from rltool.rollout.io import write_rollouts
 
 
 @dataclass(slots=True)
@@ -169,8 +169,8 @@ def _step(
     view.rollout_errors(run.producer.errors, run.producer.backend.pop_deaths())
     groups = produced.groups
     if dump:  # the FAILED groups too, with their errors: what explains a bad step
-        samples = [s for g in groups + produced.failed_groups for s in g]
-        write_rollouts(run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl", samples)
+        source = DumpSource(run.recipe.model.path, len(run.tokenizer))
+        write_step_dump(run_dir, run.step + 1, run.step, groups, produced.failed_groups, source)
     # the step being taken is run.step + 1: tokens sampled from the current weights
     # (version run.step) have staleness 0, as the contract's section 6 says
     train_start = time.time()

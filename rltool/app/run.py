@@ -173,7 +173,9 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     backend = build_backend(recipe, rollout_model or model, tokenizer)
     producer = Producer(recipe, backend, sampler, scorer=build_scorer(recipe, tokenizer))
     updater = build_updater(recipe, model, shard) if with_trainer else None
-    controller = TrainingController(updater, ConversionConfig.from_recipe(recipe))
+    controller = TrainingController(
+        updater, ConversionConfig.from_recipe(recipe), seed=recipe.trainer.seed
+    )
     eval_rows = {name: rows[1] for name, rows in data.items()}
     run = Run(recipe, model, tokenizer, specs, eval_rows, producer, controller)
     run.shard, run.rollout_model = shard, rollout_model
