@@ -155,7 +155,8 @@ def _read_meta(mpath: Path, step: int) -> DumpMeta:
 def _check_token_ids(path: Path, step: int, groups: list[Group], vocab_size: int) -> None:
     for group in groups:
         for s in group:
-            if len(s.input_ids) and (s.input_ids.min() < 0 or s.input_ids.max() >= vocab_size):
+            ids = s.input_ids  # [T]; None on a sample whose fields were never built
+            if ids is not None and len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
                 raise DumpError(
                     f"{path}: step {step}, sample {s.rollout_id}: token ids outside the "
                     f"model's vocabulary [0, {vocab_size}): the dump is from another model"

@@ -189,8 +189,9 @@ def test_demo_run_replayed_from_step_4_gives_its_step_6_weights(tmp_path):
     result = run_cli(["replay", str(run), "--from-step", "4", "--to-step", "6", "--quiet"])
     assert result.exit_code == 0, result.output
     out = run / "replay-4-6"
-    replayed, original = weights(out / "checkpoints" / "step_000006"), weights(
-        run / "checkpoints" / "step_000006"
+    replayed, original = (
+        weights(out / "checkpoints" / "step_000006"),
+        weights(run / "checkpoints" / "step_000006"),
     )
     diff = max_diff(replayed, original)
     print(f"max |replayed - original| over the step-6 weights: {diff:.3g}")
