@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rltool import metric_names as mn
 from rltool.app.checkpoint import (
     TrainerState,
@@ -45,6 +47,7 @@ from rltool.config.loader import RUN_CONFIG, load_recipe, recipe_to_yaml
 from rltool.config.schema import RecipeConfig
 from rltool.lora import apply_lora
 from rltool.models import load_model_and_tokenizer
+from rltool.produce.inprocess import async_torch_threads
 from rltool.training.controller import TrainingController
 from rltool.training.convert import ConversionConfig
 
@@ -104,7 +107,9 @@ def replay(
     view.note(f"replaying steps {from_step}..{last} of {run_dir} from {record['start']}")
     history: list[dict[str, float]] = []
     writer = MetricsWriter(out)
+    threads = torch.get_num_threads()
     try:
+        torch.set_num_threads(trainer_threads(recipe))
         with view.progress(total=last - from_step + 1) as advance:
             for step, groups in steps.items():
                 t0 = time.perf_counter()
@@ -124,9 +129,18 @@ def replay(
         )
         saved = save_checkpoint(out / "checkpoints", trainer.updater.model, tokenizer, state)
     finally:
+        torch.set_num_threads(threads)
         writer.close()
     view.note(f"checkpoint saved: {saved}")
     return ReplayOutcome(out, from_step, last, saved, history)
+
+
+def trainer_threads(recipe: RecipeConfig) -> int:
+    """The torch threads the run's trainer had: an async run in one process splits them
+    with the generator (``produce/inprocess.py``); float sums depend on the count."""
+    if recipe.produce.mode == "async" and recipe.rollout.backend == "inprocess":
+        return async_torch_threads()
+    return torch.get_num_threads()
 
 
 def _check_one_process(recipe: RecipeConfig) -> None:

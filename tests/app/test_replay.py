@@ -17,7 +17,7 @@ import pytest
 import torch
 from cli_runner import run_cli
 from safetensors.torch import load_file
-from short_runs import short_gsm8k_args
+from short_runs import short_gsm8k_args, short_train_args
 
 from rltool.app.replay import replay
 from rltool.app.rollout_dumps import DumpError, dump_path, meta_path
@@ -200,4 +200,24 @@ def test_demo_run_replayed_from_step_4_gives_its_step_6_weights(tmp_path):
     lines = train_lines(out)
     assert sorted(lines) == [4, 5, 6]
     for step, line in lines.items():
+        assert_same_train_metrics(line, train_lines(run)[step])
+
+
+@pytest.mark.slow
+def test_async_run_replays_to_its_weights(tiny_checkpoint, tmp_path):
+    """Async production (in-process generator thread): the dumps hold the groups after
+    stale tokens were marked as not trained, and the replay trains with the trainer's
+    share of the threads, so the step-4 weights come back."""
+    recipe = Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_async.yaml"
+    args = short_train_args(
+        recipe, tiny_checkpoint, tmp_path, 4, "rollout.backend=inprocess", "trainer.save_every=2"
+    )
+    result = run_cli([*args, "--dump-rollouts"])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "t"
+    outcome = replay(run, 3, 4)
+    diff = max_diff(weights(outcome.checkpoint), weights(run / "checkpoints" / "step_000004"))
+    print(f"async: max |replayed - original| over the step-4 weights: {diff:.3g}")
+    assert diff <= 1e-6
+    for line, step in zip(outcome.history, (3, 4), strict=True):
         assert_same_train_metrics(line, train_lines(run)[step])
