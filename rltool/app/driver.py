@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rltool import metric_names as mn
 from rltool.agent_loops.evaluation import EvaluationFailed
+from rltool.app.determinism import determinism_warnings
 from rltool.app.failed_steps import (
     all_failed,
     failed_streak,
@@ -88,6 +89,8 @@ def _train(
     run: Run, recipe: RecipeConfig, resume_dir: Path | None, dump_rollouts: bool, view: RunView
 ) -> TrainOutcome:
     view.show_staleness = recipe.produce.mode == "async"
+    for warning in determinism_warnings(recipe):
+        view.note(warning)
     run_dir = resume_dir if resume_dir is not None else new_run_dir(recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
     evals = None

@@ -25,6 +25,7 @@ from rltool.app.checkpoint import (
     save_checkpoint,
 )
 from rltool.app.demo_model import ensure_builtin_models
+from rltool.app.determinism import make_deterministic
 from rltool.app.recipe_names import check_config
 from rltool.app.sharded_checkpoint import (
     SHARDED,
@@ -60,7 +61,11 @@ from rltool.training.sharding import (
 from rltool.training.updater import PolicyUpdater
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Python's, numpy's and torch's generators from ``trainer.seed``; with
+    ``trainer.deterministic``, deterministic kernels too (app/determinism.py)."""
+    if deterministic:
+        make_deterministic()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -156,7 +161,7 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     shard = init_shard(recipe.distributed) if with_trainer else None
     ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
     ready(shard)  # the other ranks load the model once it is built
-    seed_everything(recipe.trainer.seed)
+    seed_everything(recipe.trainer.seed, recipe.trainer.deterministic)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     if recipe.model.lora.enabled:  # only the adapters train (rltool/lora.py)
         model = apply_lora(model, recipe.model.lora)
