@@ -155,12 +155,12 @@ def follow(recipe: RecipeConfig) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         ready(shard)  # the leader has built the model files (builtin:)
-        seed_everything(recipe.trainer.seed)
+        seed_everything(recipe.trainer.seed, recipe.trainer.deterministic)
         model, _, _ = load_model_and_tokenizer(recipe.model)
         conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(model))
         model = trainer_model(model, recipe, shard)
         updater = build_updater(recipe, model, shard)
-        controller = TrainingController(updater, conversion)
+        controller = TrainingController(updater, conversion, seed=recipe.trainer.seed)
         while True:
             kind, arg = receive(shard)
             if kind == "fit":

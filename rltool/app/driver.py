@@ -12,6 +12,7 @@ from pathlib import Path
 from rltool import metric_names as mn
 from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.app.checkpoint import NoCheckpointError, checkpoint_dirs, remove_partial_saves
+from rltool.app.determinism import determinism_warnings
 from rltool.app.failed_steps import (
     all_failed,
     failed_streak,
@@ -23,6 +24,7 @@ from rltool.app.failed_steps import (
 )
 from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
+from rltool.app.rollout_dumps import DumpSource, write_step_dump
 from rltool.app.run import (
     Run,
     build_run,
@@ -46,7 +48,6 @@ from rltool.config.loader import (
 )
 from rltool.config.schema import RecipeConfig
 from rltool.engines.base import ServersDown
-from rltool.rollout.io import write_rollouts
 
 
 @dataclass(slots=True)
@@ -122,6 +123,8 @@ def _train(
     stop: StopRequest,
 ) -> TrainOutcome:
     view.show_staleness = recipe.produce.mode == "async"
+    for warning in determinism_warnings(recipe):
+        view.note(warning)
     evals = _resume(run, recipe, run_dir, view) if resumed else None
     dump = dump_rollouts or recipe.logging.dump_rollouts
     writer = MetricsWriter(run_dir, open_trackers(run_dir, recipe))
@@ -221,8 +224,8 @@ def _step(
     view.rollout_errors(run.producer.errors, run.producer.backend.pop_deaths())
     groups = produced.groups
     if dump:  # the FAILED groups too, with their errors: what explains a bad step
-        samples = [s for g in groups + produced.failed_groups for s in g]
-        write_rollouts(run_dir / "rollouts" / f"step_{run.step + 1:06d}.jsonl", samples)
+        source = DumpSource(run.recipe.model.path, len(run.tokenizer))
+        write_step_dump(run_dir, run.step + 1, run.step, groups, produced.failed_groups, source)
     # the step being taken is run.step + 1: tokens sampled from the current weights
     # (version run.step) have staleness 0, as the contract's section 6 says
     train_start = time.time()

@@ -25,6 +25,7 @@ from rltool.app.checkpoint import (
     save_checkpoint,
 )
 from rltool.app.demo_model import ensure_builtin_models
+from rltool.app.determinism import make_deterministic
 from rltool.app.recipe_names import check_config
 from rltool.app.sharded_checkpoint import (
     SHARDED,
@@ -67,7 +68,11 @@ from rltool.training.sharding import (
 from rltool.training.updater import PolicyUpdater
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Python's, numpy's and torch's generators from ``trainer.seed``; with
+    ``trainer.deterministic``, deterministic kernels too (app/determinism.py)."""
+    if deterministic:
+        make_deterministic()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -167,7 +172,7 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     data, too_long = fit_task_data(
         recipe, load_tokenizer(recipe.model), context_length(recipe.model)
     )
-    seed_everything(recipe.trainer.seed)
+    seed_everything(recipe.trainer.seed, recipe.trainer.deterministic)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     if recipe.model.lora.enabled:  # only the adapters train (rltool/lora.py)
         model = apply_lora(model, recipe.model.lora)
@@ -185,7 +190,7 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     producer = Producer(recipe, backend, sampler, scorer=build_scorer(recipe, tokenizer))
     updater = build_updater(recipe, model, shard) if with_trainer else None
     conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(model))
-    controller = TrainingController(updater, conversion)
+    controller = TrainingController(updater, conversion, seed=recipe.trainer.seed)
     eval_rows = {name: rows[1] for name, rows in data.items()}
     run = Run(recipe, model, tokenizer, specs, eval_rows, producer, controller)
     run.shard, run.rollout_model, run.too_long = shard, rollout_model, too_long

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rltool.cli import eval, export, inspect_batch, report, train, validate
+from rltool.cli import eval, export, inspect_batch, replay, report, train, validate
 
 app = typer.Typer(
     name="rltool",
@@ -19,6 +19,7 @@ app.command("inspect-batch")(inspect_batch.inspect_batch)
 app.command("eval")(eval.eval_command)
 app.command("export")(export.export_command)
 app.command("report")(report.report_command)
+app.command("replay")(replay.replay_command)
 
 
 def main() -> None:

@@ -301,6 +301,9 @@ class TrainerConfig:
     time_budget_s: float | None = None  # stop early after this many seconds of training
     # stop (exit 3) after this many consecutive steps in which every sample failed
     max_failed_steps: int = 3
+    # the same recipe and seed give the same metrics and weights (deterministic kernels;
+    # not with async production, Ray workers or vLLM): docs/replay.md#deterministic-mode
+    deterministic: bool = False
 
 
 @dataclass

@@ -22,7 +22,7 @@ def _summaries() -> dict[str, str]:
 def test_each_docstring_starts_with_a_one_line_summary() -> None:
     summaries = _summaries()
     assert set(summaries) == {
-        "train", "validate-rollouts", "inspect-batch", "eval", "export", "report",
+        "train", "validate-rollouts", "inspect-batch", "eval", "export", "report", "replay",
     }  # fmt: skip
     for name, summary in summaries.items():
         assert summary and "\n" not in summary, f"{name}: the first paragraph is not one line"

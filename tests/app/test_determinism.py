@@ -1,0 +1,69 @@
+"""``trainer.deterministic: true``: two runs of the same recipe and seed write the same
+metrics (time aside) and the same weights; what cannot be deterministic is warned about."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from cli_runner import run_cli
+from safetensors.torch import load_file
+from short_runs import short_gsm8k_args
+
+from rltool.app.determinism import determinism_warnings
+from rltool.config.loader import load_recipe
+
+RECIPES = Path(__file__).parents[2] / "recipes"
+
+
+@pytest.fixture
+def restore_mode() -> Iterator[None]:
+    """The process-wide switch back to what it was: other tests run in this process."""
+    was = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(was)
+
+
+# wall-clock figures: the only ones two runs may differ in
+CLOCK = ("time/", "produce/time_s", "produce/group_time/")
+
+
+def _lines_without_time(run_dir: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in x.items() if not k.startswith(CLOCK)} for x in lines]
+
+
+def test_two_deterministic_runs_write_the_same_metrics_and_weights(
+    tiny_checkpoint, tmp_path, restore_mode
+):
+    for name in ("a", "b"):
+        args = short_gsm8k_args(tiny_checkpoint, tmp_path / name, 3, "trainer.deterministic=true")
+        result = run_cli(args)
+        assert result.exit_code == 0, result.output
+        assert torch.are_deterministic_algorithms_enabled()
+        assert "not deterministic" not in result.output  # sync, in process, hf: no warning
+    a, b = tmp_path / "a" / "t", tmp_path / "b" / "t"
+    lines = _lines_without_time(a)
+    assert [x["kind"] for x in lines].count("train") == 3
+    assert lines == _lines_without_time(b)
+    wa = load_file(str(a / "checkpoints" / "step_000003" / "model.safetensors"))
+    wb = load_file(str(b / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_what_cannot_be_deterministic_is_named() -> None:
+    async_ray = load_recipe(
+        RECIPES / "gsm8k_tiny_async.yaml", ["trainer.deterministic=true", "rollout.engine=vllm"]
+    )
+    warnings = determinism_warnings(async_ray)
+    assert [w.split(" with ")[1].split(":")[0] for w in warnings] == [
+        "produce.mode=async",
+        "rollout.backend=ray",
+        "rollout.engine=vllm",
+    ]
+    assert determinism_warnings(load_recipe(RECIPES / "gsm8k_tiny_async.yaml")) == []  # off
+    sync = load_recipe(RECIPES / "gsm8k_tiny.yaml", ["trainer.deterministic=true"])
+    assert determinism_warnings(sync) == []
