@@ -16,8 +16,11 @@ from rltool.app.eval_compare import EvalComparison
 from rltool.app.evaluate import EvalReport, Figure, TaskFigures
 from rltool.rollout.bootstrap import PairedDifference
 
-DISTINGUISHABLE = "distinguishable: the interval excludes 0"
-NOISE = "not distinguishable from noise: the interval holds 0"
+VERDICT = "beyond noise?"
+VERDICT_NOTE = (
+    "beyond noise: the 95% interval of the paired difference B - A excludes 0; "
+    "no: the difference is within what the draw of prompts and samples explains"
+)
 
 
 def render_json(report: EvalReport | EvalComparison) -> str:
@@ -58,7 +61,7 @@ def _sampling(report: EvalReport, console: Console) -> None:
         Text(
             f"{report.n} sample(s) per prompt, temperature {report.sampling['temperature']}, "
             f"max_new_tokens {report.sampling['max_new_tokens']}, seed {report.seed}; "
-            "[95% bootstrap interval over prompts]"
+            "[low, high]: 95% bootstrap interval over prompts"
         )
     )
 
@@ -110,12 +113,13 @@ def render_comparison(comp: EvalComparison, console: Console) -> None:
         table = Table(title=f"{task}: {a.prompts} prompts, B - A per prompt", title_justify="left")
         for column in ("figure", "A", "B", "B - A"):
             table.add_column(column, justify="left" if column == "figure" else "right")
-        table.add_column("verdict")
+        table.add_column(VERDICT)
         for name, d in diffs.items():
-            verdict = DISTINGUISHABLE if d.distinguishable else NOISE
+            verdict = "yes" if d.distinguishable else "no"
             table.add_row(
                 name, _figure(a.figures[name]), _figure(b.figures[name]), _difference(d), verdict
             )
         console.print(table)
+    console.print(Text(VERDICT_NOTE), style="muted")
     _notes(comp.a, console, "A ")
     _notes(comp.b, console, "B ")
