@@ -174,21 +174,27 @@ def prompt_result(outcome: GroupOutcome) -> PromptResult:
 
 
 def task_figures(
-    task: str, results: Sequence[PromptResult], ks: Sequence[int], n: int | None = None
+    task: str,
+    results: Sequence[PromptResult],
+    ks: Sequence[int],
+    n: int | None = None,
+    vote: bool | None = None,
 ) -> TaskFigures:
-    """pass@k, mean@n and maj@n averaged over prompts, each with its bootstrap interval
-    (maj@n only when every prompt's loop records answers); mean length and truncation
-    over the trajectories that came back, failures by reason. ``n`` (default: the largest
-    k) names mean@n and maj@n."""
+    """pass@k, mean@n and maj@n averaged over prompts, each with its bootstrap interval;
+    mean length and truncation over the trajectories that came back, failures by reason.
+    ``n`` (default: the largest k) names mean@n and maj@n. maj@n is shown when ``vote``
+    (default: when the loop recorded an answer for some prompt); a prompt without one
+    (its group lost, every sample failed) counts 0."""
     n = max(ks) if n is None else n
+    vote = any(r.votes is not None for r in results) if vote is None else vote
     lengths = [x for r in results for x in r.lengths]
     reasons = Counter(x for r in results for x in r.failures)
     per_prompt = {f"pass@{k}": [_pass_at(r, k) for r in results] for k in ks}
     per_prompt[f"mean@{n}"] = [sum(r.scores) / r.samples if r.samples else 0.0 for r in results]
-    has_votes = bool(results) and all(r.votes is not None for r in results)
-    if has_votes:
+    if vote:
         per_prompt[f"maj@{n}"] = [
-            majority_vote([a for a, _ in r.votes], [ok for _, ok in r.votes]) for r in results
+            majority_vote([a for a, _ in r.votes], [ok for _, ok in r.votes]) if r.votes else 0.0
+            for r in results
         ]
     figures = {name: _figure(values) for name, values in per_prompt.items()}
     return TaskFigures(
@@ -197,7 +203,7 @@ def task_figures(
         samples=sum(r.samples for r in results),
         pass_at={k: figures[f"pass@{k}"].value for k in ks},
         figures=figures,
-        maj_missing=None if has_votes else NO_ANSWERS,
+        maj_missing=None if vote else NO_ANSWERS,
         mean_response_len=sum(lengths) / len(lengths) if lengths else 0.0,
         truncated_frac=sum(r.truncated for r in results) / len(lengths) if lengths else 0.0,
         failed=sum(reasons.values()),
@@ -331,6 +337,8 @@ def evaluate_checkpoint(
         }
     finally:
         run.close()
+    tasks = [task_figures(name, results, ks, n) for name, results in per_task.items()]
+    everything = [r for rs in per_task.values() for r in rs]
     return EvalReport(
         source=source,
         weights=weights,
@@ -338,8 +346,11 @@ def evaluate_checkpoint(
         n=n,
         ks=ks,
         sampling=asdict(sampling),
-        tasks=[task_figures(name, results, ks, n) for name, results in per_task.items()],
-        overall=task_figures("overall", [r for rs in per_task.values() for r in rs], ks, n),
+        tasks=tasks,
+        # maj@n over all tasks only when every task votes
+        overall=task_figures(
+            "overall", everything, ks, n, vote=all(f.maj_missing is None for f in tasks)
+        ),
         skipped=skipped,
         seed=recipe.trainer.seed,
         rows=digests,

@@ -244,12 +244,16 @@ def test_mean_and_maj_over_prompts_hand_worked():
         ),
         # two samples failed: scores 0; the one vote "4" is wrong
         PromptResult(3, 0, [1], 0, ["x", "x"], [0.0, 0.0, 0.0], [("4", False)]),
+        # the group never came back: no score, no vote (the task still votes)
+        PromptResult(3, 0, [], 0, ["worker: died"] * 3),
     ]
     figs = task_figures("t", results, [1], n=3)
     assert list(figs.figures) == ["pass@1", "mean@3", "maj@3"]
-    assert figs.figures["mean@3"].per_prompt == pytest.approx([0.5, 0.0])
-    assert figs.figures["maj@3"].per_prompt == [1.0, 0.0]
-    assert figs.figures["maj@3"].value == 0.5
+    assert figs.figures["mean@3"].per_prompt == pytest.approx([0.5, 0.0, 0.0])
+    assert figs.figures["maj@3"].per_prompt == [1.0, 0.0, 0.0]
+    assert figs.figures["maj@3"].value == pytest.approx(1 / 3)
+    # an overall over a task that votes and one that does not shows no maj@n
+    assert "maj@3" not in task_figures("overall", results, [1], n=3, vote=False).figures
     for fig in figs.figures.values():
         assert fig.low <= fig.value <= fig.high
 
