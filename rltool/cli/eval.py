@@ -57,10 +57,10 @@ def eval_command(
         OutputFormat, typer.Option("--format", help="rich: a table; json: one object.")
     ] = OutputFormat.RICH,
 ) -> None:
-    """Evaluate a checkpoint on the recipe's eval data: pass@k, mean@n and maj@n per task,
-    each with a 95% bootstrap interval over prompts; with two sources A B, also the paired
-    difference B - A and whether it is distinguishable from noise.
+    """Evaluate a checkpoint: pass@k, mean@n, maj@n with intervals; A B: their difference.
 
+    Per task, each figure with a 95% bootstrap interval over prompts; with two sources A B,
+    also the paired difference B - A and whether it is distinguishable from noise.
     Unbiased pass@k, mean reward (mean@n), majority vote over extracted answers (maj@n),
     mean response length, truncation and failures. n = 1 samples with
     rollout.eval_sampling (greedy by default), n > 1 with rollout.sampling. A run directory
