@@ -57,6 +57,10 @@ REWARD_ERRORS = "reward/errors"
 # ---- eval/*: a held-out evaluation (agent_loops/*.evaluate, produce/task_metrics.py)
 EVAL = "eval/"
 EVAL_ACCURACY = "eval/accuracy"
+# its 95% percentile-bootstrap interval over the eval rows (agent_loops/evaluation.py);
+# over several tasks, combined in produce/task_metrics.py
+EVAL_ACCURACY_CI_LOW = "eval/accuracy_ci_low"
+EVAL_ACCURACY_CI_HIGH = "eval/accuracy_ci_high"
 EVAL_RESPONSE_LEN_MEAN = "eval/response_len/mean"
 EVAL_TRUNCATED_FRAC = "eval/truncated_frac"
 EVAL_REWARD_ERRORS = "eval/reward_errors"

@@ -1,5 +1,7 @@
 """Evaluation figures the loops share: failed samples by reason (``eval/failed``,
-``eval/failures/<reason>``), and the error an evaluation in which every sample failed is.
+``eval/failures/<reason>``), the accuracy's bootstrap interval over the eval rows
+(``eval/accuracy_ci_low``/``_high``), and the error an evaluation in which every sample
+failed is.
 
 Design: docs/agent-loops.md#evaluation
 """
@@ -10,7 +12,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rltool.metric_names import EVAL_ACCURACY, EVAL_FAILED, EVAL_FAILURES, EVAL_N
+from rltool.metric_names import (
+    EVAL_ACCURACY,
+    EVAL_ACCURACY_CI_HIGH,
+    EVAL_ACCURACY_CI_LOW,
+    EVAL_FAILED,
+    EVAL_FAILURES,
+    EVAL_N,
+)
+from rltool.rollout.bootstrap import bootstrap_interval
 from rltool.rollout.failures import count_reasons
 from rltool.rollout.state import RolloutState, Status
 
@@ -27,6 +37,17 @@ def failure_metrics(samples: Sequence[RolloutState]) -> dict[str, float]:
     return {
         EVAL_FAILED: float(sum(reasons.values())),
         **{f"{EVAL_FAILURES}{reason}": float(n) for reason, n in reasons.items()},
+    }
+
+
+def accuracy_metrics(per_row: np.ndarray) -> dict[str, float]:
+    """``eval/accuracy`` (the mean of ``per_row`` [N], one figure per eval row) and its 95%
+    percentile-bootstrap interval: how far the accuracy could move by the draw of rows."""
+    ci = bootstrap_interval(per_row)
+    return {
+        EVAL_ACCURACY: float(np.mean(per_row)),
+        EVAL_ACCURACY_CI_LOW: ci.low,
+        EVAL_ACCURACY_CI_HIGH: ci.high,
     }
 
 
@@ -61,7 +82,7 @@ def session_eval_metrics(groups: Sequence[list[RolloutState]]) -> dict[str, floa
     )
     first_failed = [next((s for s in g if s.status == Status.FAILED), g[0]) for g in groups]
     return {
-        EVAL_ACCURACY: float(scores.mean()),
+        **accuracy_metrics(scores),
         **failure_metrics([s for s, o in zip(first_failed, ok, strict=True) if not o]),
         EVAL_N: float(len(groups)),
     }

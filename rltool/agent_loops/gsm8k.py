@@ -15,7 +15,7 @@ import numpy as np
 from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.canonical import build_or_fail, check_many
-from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
+from rltool.agent_loops.evaluation import accuracy_metrics, check_evaluation, failure_metrics
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
 from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
@@ -209,7 +209,7 @@ class GSM8KLoop(AgentLoop):
         lengths = np.array([len(g.token_ids) for g in gens], dtype=np.float64)  # [N]
         truncated = np.array([g.finish_reason == "length" for g in gens], dtype=np.float64)  # [N]
         metrics = {
-            mn.EVAL_ACCURACY: float(correct.mean()),
+            **accuracy_metrics(correct),
             mn.EVAL_RESPONSE_LEN_MEAN: float(lengths.mean()),
             mn.EVAL_TRUNCATED_FRAC: float(truncated.mean()),
             mn.EVAL_REWARD_ERRORS: float(reward_errors),

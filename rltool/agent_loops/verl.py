@@ -18,7 +18,7 @@ import numpy as np
 
 from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
-from rltool.agent_loops.evaluation import check_evaluation, failure_metrics
+from rltool.agent_loops.evaluation import accuracy_metrics, check_evaluation, failure_metrics
 from rltool.agent_loops.gsm8k import ground_truth_of
 from rltool.config.schema import SamplingConfig
 from rltool.engines.batcher import AsyncGenerationBatcher
@@ -373,7 +373,7 @@ class VerlAgentLoop(AgentLoop):
         )  # [N]
         truncated = np.array([s.finish_reason == "length" for s in samples], np.float64)  # [N]
         metrics = {
-            mn.EVAL_ACCURACY: float(solved.mean()),
+            **accuracy_metrics(solved.astype(np.float64)),
             mn.EVAL_RESPONSE_LEN_MEAN: float(lengths.mean()),
             mn.EVAL_TRUNCATED_FRAC: float(truncated.mean()),
             mn.EVAL_REWARD_ERRORS: float(reward_errors),

@@ -1,4 +1,5 @@
-"""``rltool eval``: a checkpoint's pass@1 and unbiased pass@k on a recipe's eval data.
+"""``rltool eval``: a checkpoint's pass@1, unbiased pass@k, mean@n and maj@n on a recipe's
+eval data, each with a bootstrap interval over prompts.
 
 Every task's eval rows go through its agent loop (``generate_groups`` with group size n,
 so each sample is built and rewarded as in training) on the rollout backend that
@@ -8,23 +9,33 @@ first. Design: docs/app.md#evaluating-a-checkpoint
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rltool.app.checkpoint import NoCheckpointError, open_checkpoint, verify_checkpoint
+import numpy as np
+
+from rltool.app.checkpoint import MANIFEST, NoCheckpointError, open_checkpoint, verify_checkpoint
 from rltool.app.run import Run, build_run
 from rltool.config.loader import RUN_CONFIG, load_recipe, resume_recipe
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.lora import load_checkpoint_weights
 from rltool.produce.backend import GroupOutcome, GroupRequest
+from rltool.rewards.gsm8k import answer_key
+from rltool.rollout.bootstrap import Interval, bootstrap_interval
 from rltool.rollout.failures import failure_reason
-from rltool.rollout.pass_at_k import mean_pass_at_k
+from rltool.rollout.pass_at_k import majority_vote, pass_at_k
 from rltool.rollout.state import RolloutState, Status
 
 SOLVED_SCORE = 1.0  # a trajectory whose reward has no "correct" is correct at this score
+NO_ANSWERS = (
+    "maj@n not shown: the task's reward records no extracted answer "
+    '(reward["extracted"], which the gsm8k loop sets), so there is nothing to vote on'
+)
 
 
 class NoEvalDataError(ValueError):
@@ -40,6 +51,21 @@ class PromptResult:
     lengths: list[int]  # response tokens of each trajectory that came back
     truncated: int  # trajectories that stopped at max_new_tokens
     failures: list[str]  # the short reason of each failed trajectory
+    scores: list[float] = field(default_factory=list)  # reward score of each trajectory
+    # that came back (a failed or unscored one: 0.0)
+    # the extracted answer of each trajectory that did not fail, with its correctness;
+    # None when the loop records no answer (reward has no "extracted")
+    votes: list[tuple[str | None, bool]] | None = None
+
+
+@dataclass(slots=True)
+class Figure:
+    """One figure over prompts with its 95% percentile-bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+    per_prompt: list[float] = field(repr=False)  # [P] in row order: what pairing needs
 
 
 @dataclass(slots=True)
@@ -48,6 +74,9 @@ class TaskFigures:
     prompts: int
     samples: int
     pass_at: dict[int, float]  # k -> mean unbiased pass@k
+    # "pass@k", "mean@n", "maj@n" (maj@n only where answers are extracted) -> figure
+    figures: dict[str, Figure]
+    maj_missing: str | None  # why maj@n is not shown
     mean_response_len: float
     truncated_frac: float
     failed: int
@@ -65,11 +94,15 @@ class EvalReport:
     tasks: list[TaskFigures]
     overall: TaskFigures
     skipped: list[str] = field(default_factory=list)  # newer damaged checkpoints
+    seed: int = 0  # trainer.seed: the sampling seed of the evaluation
+    rows: dict[str, str] = field(default_factory=dict)  # task -> rows_digest of its eval rows
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         for figs in [out["overall"], *out["tasks"]]:
             figs["pass_at"] = {f"pass@{k}": v for k, v in figs["pass_at"].items()}
+            for fig in figs["figures"].values():
+                del fig["per_prompt"]
         return out
 
 
@@ -117,30 +150,60 @@ def prompt_result(outcome: GroupOutcome) -> PromptResult:
     if outcome.group is None:
         return PromptResult(n, 0, [], 0, [failure_reason(outcome.error)] * n)
     trajs = trajectories(outcome.group)
-    failures = []
+    failures, lengths, scores, votes = [], [], [], []
     correct = truncated = 0
-    lengths = []
+    extracted = False  # does the loop record answers at all?
     for segs in trajs:
         failed = next((s for s in segs if s.status == Status.FAILED), None)
+        reward = segs[0].reward or {}
+        extracted |= "extracted" in reward
         if failed is not None:
             failures.append(failure_reason(failed.error))
-        elif is_correct(segs[0]):
-            correct += 1
+            scores.append(0.0)
+        else:
+            ok = is_correct(segs[0])
+            correct += ok
+            scores.append(float(reward.get("score") or 0.0))
+            answer = reward.get("extracted")
+            votes.append((None if answer is None else answer_key(str(answer)), ok))
         lengths.append(sum(len(s.response_ids) for s in segs if s.response_ids is not None))
         truncated += any(s.finish_reason == "length" for s in segs)
-    return PromptResult(len(trajs), correct, lengths, truncated, failures)
+    return PromptResult(
+        len(trajs), correct, lengths, truncated, failures, scores, votes if extracted else None
+    )
 
 
-def task_figures(task: str, results: Sequence[PromptResult], ks: Sequence[int]) -> TaskFigures:
-    """pass@k averaged over prompts (k capped per prompt at the samples it has), mean
-    length and truncation over the trajectories that came back, failures by reason."""
+def task_figures(
+    task: str,
+    results: Sequence[PromptResult],
+    ks: Sequence[int],
+    n: int | None = None,
+    vote: bool | None = None,
+) -> TaskFigures:
+    """pass@k, mean@n and maj@n averaged over prompts, each with its bootstrap interval;
+    mean length and truncation over the trajectories that came back, failures by reason.
+    ``n`` (default: the largest k) names mean@n and maj@n. maj@n is shown when ``vote``
+    (default: when the loop recorded an answer for some prompt); a prompt without one
+    (its group lost, every sample failed) counts 0."""
+    n = max(ks) if n is None else n
+    vote = any(r.votes is not None for r in results) if vote is None else vote
     lengths = [x for r in results for x in r.lengths]
     reasons = Counter(x for r in results for x in r.failures)
+    per_prompt = {f"pass@{k}": [_pass_at(r, k) for r in results] for k in ks}
+    per_prompt[f"mean@{n}"] = [sum(r.scores) / r.samples if r.samples else 0.0 for r in results]
+    if vote:
+        per_prompt[f"maj@{n}"] = [
+            majority_vote([a for a, _ in r.votes], [ok for _, ok in r.votes]) if r.votes else 0.0
+            for r in results
+        ]
+    figures = {name: _figure(values) for name, values in per_prompt.items()}
     return TaskFigures(
         task=task,
         prompts=len(results),
         samples=sum(r.samples for r in results),
-        pass_at={k: _pass_at(results, k) for k in ks},
+        pass_at={k: figures[f"pass@{k}"].value for k in ks},
+        figures=figures,
+        maj_missing=None if vote else NO_ANSWERS,
         mean_response_len=sum(lengths) / len(lengths) if lengths else 0.0,
         truncated_frac=sum(r.truncated for r in results) / len(lengths) if lengths else 0.0,
         failed=sum(reasons.values()),
@@ -148,10 +211,16 @@ def task_figures(task: str, results: Sequence[PromptResult], ks: Sequence[int]) 
     )
 
 
-def _pass_at(results: Sequence[PromptResult], k: int) -> float:
-    """Mean pass@k; a prompt whose loop returned fewer than k trajectories counts at
-    pass@(its samples)."""
-    return mean_pass_at_k([(r.samples, r.correct) for r in results if r.samples], k, cap=True)
+def _pass_at(r: PromptResult, k: int) -> float:
+    """One prompt's pass@k; a prompt whose loop returned fewer than k trajectories counts
+    at pass@(its samples), one that returned none at 0."""
+    return pass_at_k(r.samples, r.correct, min(k, r.samples)) if r.samples else 0.0
+
+
+def _figure(per_prompt: list[float]) -> Figure:
+    values = np.asarray(per_prompt, dtype=np.float64)  # [P]
+    ci: Interval = bootstrap_interval(values)
+    return Figure(float(values.mean()), ci.low, ci.high, per_prompt)
 
 
 def load_weights(
@@ -206,17 +275,30 @@ def generate(
     return [prompt_result(outcomes[r.group_id]) for r in requests]
 
 
-def eval_recipe(source: Path, overrides: Sequence[str]) -> tuple[RecipeConfig, Path | None]:
-    """The recipe and run directory of ``rltool eval SOURCE``: a run directory's own
-    ``config.yaml`` (as ``train --resume`` reads it), or a recipe YAML (no run)."""
+def eval_recipe(
+    source: Path, overrides: Sequence[str]
+) -> tuple[RecipeConfig, Path | None, Path | None]:
+    """The recipe, run directory and checkpoint of ``rltool eval SOURCE``: a run
+    directory's own ``config.yaml`` (as ``train --resume`` reads it); a checkpoint
+    directory of a run (``runs/a/checkpoints/step_000006``: its run's recipe); or a
+    recipe YAML (no run)."""
     if not source.is_dir():
-        return load_recipe(source, overrides), None
+        return load_recipe(source, overrides), None, None
+    run_of_ckpt = source.parents[1] if len(source.parents) > 1 else source
+    if (source / MANIFEST).is_file() and (run_of_ckpt / RUN_CONFIG).is_file():
+        return resume_recipe(run_of_ckpt, overrides), run_of_ckpt, source
     if not (source / RUN_CONFIG).is_file():
         raise ValueError(
-            f"{source}: a directory without {RUN_CONFIG}; give a recipe YAML or the directory "
-            "of a run that rltool train made (runs/<name>)"
+            f"{source}: a directory without {RUN_CONFIG}; give a recipe YAML, the directory "
+            "of a run that rltool train made (runs/<name>) or one of its checkpoints"
         )
-    return resume_recipe(source, overrides), source
+    return resume_recipe(source, overrides), source, None
+
+
+def rows_digest(rows: Sequence[dict]) -> str:
+    """A task's eval rows in one hash: two evaluations are paired only on the same rows."""
+    text = json.dumps(list(rows), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def evaluate_checkpoint(
@@ -249,11 +331,14 @@ def evaluate_checkpoint(
                 "records); give data.eval_files=[...] (or tasks[i].eval_files)"
             )
         weights, step, skipped = load_weights(run, run_dir, checkpoint)
+        digests = {s.name: rows_digest(run.eval_rows[s.name]) for s in run.specs}
         per_task = {
             s.name: generate(run, s.name, run.eval_rows[s.name], n, sampling) for s in run.specs
         }
     finally:
         run.close()
+    tasks = [task_figures(name, results, ks, n) for name, results in per_task.items()]
+    everything = [r for rs in per_task.values() for r in rs]
     return EvalReport(
         source=source,
         weights=weights,
@@ -261,7 +346,12 @@ def evaluate_checkpoint(
         n=n,
         ks=ks,
         sampling=asdict(sampling),
-        tasks=[task_figures(name, results, ks) for name, results in per_task.items()],
-        overall=task_figures("overall", [r for rs in per_task.values() for r in rs], ks),
+        tasks=tasks,
+        # maj@n over all tasks only when every task votes
+        overall=task_figures(
+            "overall", everything, ks, n, vote=all(f.maj_missing is None for f in tasks)
+        ),
         skipped=skipped,
+        seed=recipe.trainer.seed,
+        rows=digests,
     )

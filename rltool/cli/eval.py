@@ -1,7 +1,8 @@
-"""``rltool eval RECIPE|RUN_DIR [key=value ...] [--n N] [--k K ...] [--checkpoint DIR]``."""
+"""``rltool eval A [B] [key=value ...] [--n N] [--k K ...] [--checkpoint DIR]``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,8 @@ from rich.text import Text
 
 from rltool.report.console import make_console
 
-EXIT_USAGE = 2  # bad arguments, recipe or data (n < k, no eval data, no config.yaml)
+EXIT_USAGE = 2  # bad arguments, recipe or data (n < k, no eval data, no config.yaml,
+# A and B on different prompts)
 EXIT_NO_CHECKPOINT = 3  # nothing to evaluate: no complete checkpoint
 
 
@@ -20,13 +22,29 @@ class OutputFormat(StrEnum):
     JSON = "json"
 
 
+def split_args(args: Sequence[str]) -> tuple[list[Path], list[str]]:
+    """(the one or two sources, the dotlist overrides): an argument with ``=`` is an
+    override, any other a source. ValueError unless there are one or two sources."""
+    sources = [Path(a) for a in args if "=" not in a]
+    overrides = [a for a in args if "=" in a]
+    if not 1 <= len(sources) <= 2:
+        raise ValueError(
+            f"give one source to evaluate, or two to compare (A B), got {len(sources)}: "
+            + (", ".join(map(str, sources)) or "none")
+        )
+    return sources, overrides
+
+
 def eval_command(
-    source: Annotated[
-        Path, typer.Argument(help="A recipe YAML, or a run directory (its config.yaml).")
+    args: Annotated[
+        list[str],
+        typer.Argument(
+            help="A recipe YAML, a run directory (its config.yaml) or a checkpoint directory; "
+            "a second one to compare with it (B - A); then dotlist overrides "
+            "(data.eval_limit=50 ...), applied to both.",
+            show_default=False,
+        ),
     ],
-    overrides: Annotated[
-        list[str] | None, typer.Argument(help="Dotlist overrides: data.eval_limit=50 ...")
-    ] = None,
     n: Annotated[int, typer.Option("--n", help="Samples per prompt.")] = 1,
     ks: Annotated[
         list[int] | None, typer.Option("--k", help="pass@k to report (repeatable); default n.")
@@ -39,16 +57,20 @@ def eval_command(
         OutputFormat, typer.Option("--format", help="rich: a table; json: one object.")
     ] = OutputFormat.RICH,
 ) -> None:
-    """Evaluate a checkpoint on the recipe's eval data: pass@1 and pass@k, per task.
+    """Evaluate a checkpoint: pass@k, mean@n, maj@n with intervals; A B: their difference.
 
-    Unbiased pass@k, mean response length, truncation and failures. n = 1 samples with
+    Per task, each figure with a 95% bootstrap interval over prompts; with two sources A B,
+    also the paired difference B - A and whether it is distinguishable from noise.
+    Unbiased pass@k, mean reward (mean@n), majority vote over extracted answers (maj@n),
+    mean response length, truncation and failures. n = 1 samples with
     rollout.eval_sampling (greedy by default), n > 1 with rollout.sampling. A run directory
     evaluates its newest complete checkpoint, a recipe its model.path. Exit 2: bad
     arguments, recipe or eval data; 3: no complete checkpoint; 1: the evaluation failed."""
     from rltool.app.checkpoint import NoCheckpointError
+    from rltool.app.eval_compare import EvalSource, UnpairedError, compare, paired_sources
     from rltool.app.evaluate import NoEvalDataError, check_ks, eval_recipe, evaluate_checkpoint
     from rltool.produce.preflight import PreflightError
-    from rltool.report.eval_view import render, render_json
+    from rltool.report.eval_view import render, render_comparison, render_json
 
     err = make_console(stderr=True)
 
@@ -58,20 +80,36 @@ def eval_command(
 
     try:
         check_ks(n, ks or [])
-        recipe, run_dir = eval_recipe(source, overrides or [])
+        sources, overrides = split_args(args)
+        if len(sources) == 2:
+            targets = paired_sources(*sources, overrides, checkpoint)
+        else:
+            recipe, run_dir, ckpt = eval_recipe(sources[0], overrides)
+            targets = (EvalSource(recipe, run_dir, checkpoint or ckpt),)
     except (ValueError, FileNotFoundError) as exc:
         raise fail(exc, EXIT_USAGE) from exc
     try:
-        report = evaluate_checkpoint(
-            recipe, source=str(source), run_dir=run_dir, checkpoint=checkpoint, n=n, ks=ks or []
-        )
+        reports = [
+            evaluate_checkpoint(
+                t.recipe,
+                source=str(s),
+                run_dir=t.run_dir,
+                checkpoint=t.checkpoint,
+                n=n,
+                ks=ks or [],
+            )
+            for s, t in zip(sources, targets, strict=True)
+        ]
+        comparison = compare(*reports) if len(reports) == 2 else None
     except NoCheckpointError as exc:
         raise fail(exc, EXIT_NO_CHECKPOINT) from exc
-    except (NoEvalDataError, PreflightError) as exc:
+    except (NoEvalDataError, PreflightError, UnpairedError) as exc:
         raise fail(exc, EXIT_USAGE) from exc
     except (ValueError, FileNotFoundError) as exc:
         raise fail(exc, 1) from exc
     if output_format == OutputFormat.JSON:
-        typer.echo(render_json(report))
+        typer.echo(render_json(comparison or reports[0]))
+    elif comparison is not None:
+        render_comparison(comparison, make_console())
     else:
-        render(report, make_console())
+        render(reports[0], make_console())

@@ -9,12 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from rltool.metric_names import EVAL_FAILED, EVAL_FAILURES, EVAL_N, EVAL_REWARD_ERRORS, eval_of_task
+from rltool.metric_names import (
+    EVAL_ACCURACY,
+    EVAL_ACCURACY_CI_HIGH,
+    EVAL_ACCURACY_CI_LOW,
+    EVAL_FAILED,
+    EVAL_FAILURES,
+    EVAL_N,
+    EVAL_REWARD_ERRORS,
+    eval_of_task,
+)
 from rltool.produce.task_specs import TaskSpec
 from rltool.rollout.state import RolloutState
 
 # eval metrics that add up over tasks; every other eval metric is a per-row mean
 _EVAL_SUM_KEYS = frozenset({EVAL_N, EVAL_REWARD_ERRORS, EVAL_FAILED})
+_EVAL_INTERVAL_KEYS = (EVAL_ACCURACY_CI_LOW, EVAL_ACCURACY_CI_HIGH)  # combined, not averaged
 
 
 def per_task_metrics(groups: Sequence[Sequence[RolloutState]]) -> dict[str, float]:
@@ -75,7 +85,11 @@ def evaluate_tasks(
     common = set.intersection(*(set(m) for _, m in per_task.values()))
     first = next(iter(per_task.values()))[1]
     total = sum(n for n, _ in per_task.values())
-    for key in (k for k in first if k in common and not k.startswith(EVAL_FAILURES)):
+    for key in (
+        k
+        for k in first
+        if k in common and not k.startswith(EVAL_FAILURES) and k not in _EVAL_INTERVAL_KEYS
+    ):
         values = [(n, m[key]) for n, m in per_task.values()]
         if key in _EVAL_SUM_KEYS:
             out[key] = float(sum(v for _, v in values))
@@ -86,4 +100,21 @@ def evaluate_tasks(
     )
     for key in reasons:
         out[key] = float(sum(m.get(key, 0.0) for _, m in per_task.values()))
+    if all(EVAL_ACCURACY_CI_LOW in m for _, m in per_task.values()):
+        out.update(combined_interval([(n / total, m) for n, m in per_task.values()]))
     return out
+
+
+def combined_interval(tasks: Sequence[tuple[float, Mapping[str, float]]]) -> dict[str, float]:
+    """The interval of the row-weighted overall accuracy from each task's (weight, eval
+    metrics): the tasks' rows are drawn independently, so each side's distance from the
+    accuracy adds in quadrature, weighted (``sqrt(sum w_i^2 d_i^2)``); one task keeps its
+    own interval exactly."""
+    acc = sum(w * m[EVAL_ACCURACY] for w, m in tasks)
+    below = math.sqrt(
+        sum((w * (m[EVAL_ACCURACY] - m[EVAL_ACCURACY_CI_LOW])) ** 2 for w, m in tasks)
+    )
+    above = math.sqrt(
+        sum((w * (m[EVAL_ACCURACY_CI_HIGH] - m[EVAL_ACCURACY])) ** 2 for w, m in tasks)
+    )
+    return {EVAL_ACCURACY_CI_LOW: acc - below, EVAL_ACCURACY_CI_HIGH: acc + above}

@@ -28,6 +28,9 @@ class TraceSpec:
     # a per-task breakdown: drawn only when the pattern matches two keys or more (with one
     # task it repeats the all-task figure), and never noted as missing
     breakdown: bool = False
+    # (low, high) keys, ``*`` as in ``pattern``: an interval drawn as a band around the
+    # line where the run recorded both
+    band: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +57,22 @@ CHARTS: tuple[ChartSpec, ...] = (
         "Held-out accuracy",
         "accuracy",
         (
-            TraceSpec(EVAL, mn.EVAL_ACCURACY, "all tasks"),
-            TraceSpec(EVAL, mn.eval_of_task(mn.EVAL_ACCURACY, "*"), "{match}", breakdown=True),
+            TraceSpec(
+                EVAL,
+                mn.EVAL_ACCURACY,
+                "all tasks",
+                band=(mn.EVAL_ACCURACY_CI_LOW, mn.EVAL_ACCURACY_CI_HIGH),
+            ),
+            TraceSpec(
+                EVAL,
+                mn.eval_of_task(mn.EVAL_ACCURACY, "*"),
+                "{match}",
+                breakdown=True,
+                band=(
+                    mn.eval_of_task(mn.EVAL_ACCURACY_CI_LOW, "*"),
+                    mn.eval_of_task(mn.EVAL_ACCURACY_CI_HIGH, "*"),
+                ),
+            ),
         ),
         percent=True,
     ),
@@ -146,6 +163,7 @@ class Trace:
     label: str  # the metric's label within the chart ("" when the chart plots one metric)
     dash_index: int  # which metric of the chart: its dash
     series: Series
+    band: tuple[Series, Series] | None = None  # (low, high): the interval of each point
 
 
 @dataclass(slots=True)
@@ -169,12 +187,23 @@ def build_chart(spec: ChartSpec, runs: list[RunRecord]) -> Chart:
                 chart.notes.append(f"{run.name}: no {trace.pattern} in its {trace.kind} lines")
                 continue
             for key in keys:
-                label = trace.label.format(match=match_key(trace.pattern, key))
+                match = match_key(trace.pattern, key)
+                label = trace.label.format(match=match)
                 dash = dashes.setdefault(label, len(dashes))
+                band = _band(run, trace, match) if trace.band else None
                 chart.traces.append(
-                    Trace(run.name, index, label, dash, series(run, trace.kind, key))
+                    Trace(run.name, index, label, dash, series(run, trace.kind, key), band)
                 )
     return chart
+
+
+def _band(run: RunRecord, trace: TraceSpec, match: str) -> tuple[Series, Series] | None:
+    """The (low, high) series of a trace's band, None when the run lacks either."""
+    keys = [k.replace("*", match) for k in trace.band]
+    if not all(k in run.keys(trace.kind) for k in keys):
+        return None
+    low, high = (series(run, trace.kind, k) for k in keys)
+    return low, high
 
 
 def build_charts(runs: list[RunRecord]) -> tuple[list[Chart], list[str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rltool.app.run_reader import RunRecord, RunSummary, read_runs, summarize
-from rltool.report.charts import Chart, build_charts
+from rltool.report.charts import Chart, Trace, build_charts
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 DASH_GLYPHS = ("——", "– –", "···", "–·–", "— —", "—·—")  # the dashes, in the subtitle
@@ -43,6 +43,8 @@ def figure(chart: Chart) -> dict[str, Any]:
     labels = list(dict.fromkeys(t.label for t in chart.traces))
     data, shown = [], set()
     for trace in chart.traces:
+        if trace.band is not None:
+            data.append(band_trace(trace))
         name = f"{trace.run} · {trace.label}" if len(labels) > 1 else trace.run
         line = {
             "color": COLOURS[trace.run_index % len(COLOURS)],
@@ -89,6 +91,34 @@ def figure(chart: Chart) -> dict[str, Any]:
         "yaxis": yaxis,
     }
     return {"data": data, "layout": layout}
+
+
+def band_trace(trace: Trace) -> dict[str, Any]:
+    """A trace's interval as a filled band in the run's colour, drawn under its line:
+    one closed outline, along the highs and back along the lows (points without both
+    bounds left out); not in the legend, which lists runs."""
+    low, high = trace.band
+    highs = dict(zip(high.steps, high.values, strict=True))
+    pairs = [
+        (step, lo, highs[step])
+        for step, lo in zip(low.steps, low.values, strict=True)
+        if lo is not None and highs.get(step) is not None
+    ]
+    colour = COLOURS[trace.run_index % len(COLOURS)]
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": [s for s, _, _ in pairs] + [s for s, _, _ in reversed(pairs)],
+        "y": [hi for _, _, hi in pairs] + [lo for _, lo, _ in reversed(pairs)],
+        "fill": "toself",
+        "fillcolor": f"rgba({int(colour[1:3], 16)}, {int(colour[3:5], 16)}, "
+        f"{int(colour[5:7], 16)}, 0.15)",
+        "line": {"width": 0},
+        "legendgroup": trace.run,
+        "showlegend": False,
+        "hoverinfo": "skip",
+        "name": f"{trace.run} · {trace.label} 95% interval",
+    }
 
 
 @cache

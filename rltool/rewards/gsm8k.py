@@ -52,6 +52,13 @@ def extract_answer(text: str) -> str | None:
     return _clean_number(numbers[-1]) if numbers else None
 
 
+def answer_key(extracted: str) -> str:
+    """The form answers are voted in (maj@n): a plain number's exact value (``"3.0"``,
+    ``"3"`` and ``"6/2"`` are one answer), else the text as extracted."""
+    value = _as_fraction(extracted)
+    return extracted.strip() if value is None else str(value)
+
+
 def _clean_number(s: str) -> str:
     return re.sub(r"[\s$,]", "", s)
 

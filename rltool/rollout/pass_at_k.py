@@ -1,8 +1,10 @@
 """Unbiased pass@k (Chen et al. 2021): from n samples of a prompt of which c are correct,
-the chance that k drawn without replacement hold at least one correct one."""
+the chance that k drawn without replacement hold at least one correct one; and maj@n, the
+correctness of the majority vote over a prompt's extracted answers."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from math import comb
 
@@ -22,3 +24,20 @@ def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int, cap: bool = False)
     if not counts:
         raise ValueError("pass@k needs at least one prompt")
     return sum(pass_at_k(n, c, min(k, n) if cap else k) for n, c in counts) / len(counts)
+
+
+def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
+    """maj@n of one prompt: is the most frequent answer correct? ``answers[i]`` is sample
+    i's extracted answer (None: it gave none, and has no vote), ``correct[i]`` its
+    correctness. A tie counts the share of the tied answers that are correct (the chance
+    that a vote broken at random is right), so the figure does not depend on sample
+    order; 0.0 when no sample gave an answer."""
+    if len(answers) != len(correct):
+        raise ValueError(f"{len(answers)} answers but {len(correct)} correctness flags")
+    votes = Counter(a for a in answers if a is not None)
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    tied = [a for a, count in votes.items() if count == top]
+    right = {a for a, ok in zip(answers, correct, strict=True) if ok and a is not None}
+    return sum(a in right for a in tied) / len(tied)

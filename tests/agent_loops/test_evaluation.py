@@ -63,8 +63,12 @@ def test_session_eval_metrics_take_one_reason_per_failed_session() -> None:
         [sample("s1/seg0", "agent: ValueError: x"), sample("s1/seg1", "agent: ValueError: x")],
         [sample("s2/seg0", score=0.0)],
     ]
+    # the interval of scores [1, 0, 0]: a resample is all 0 with chance 8/27 and all 1
+    # with 1/27, both over 2.5%, so the 95% percentile interval is [0, 1]
     assert session_eval_metrics(groups) == {
         "eval/accuracy": 1 / 3,
+        "eval/accuracy_ci_low": 0.0,
+        "eval/accuracy_ci_high": 1.0,
         "eval/failed": 1.0,
         "eval/failures/agent: ValueError": 1.0,
         "eval/n": 3.0,

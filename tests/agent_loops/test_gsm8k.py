@@ -181,8 +181,11 @@ def test_evaluate_accuracy_length_and_truncation(tokenizer) -> None:
     assert engine.calls[0][0] == [PROMPT0, PROMPT1]
     assert engine.calls[0][1] is greedy
     # task 0 right (3 tokens with <eos>), task 1 wrong and cut (2 tokens)
+    # rows [1, 0]: a resample of both rows is all 1 (or all 0) with chance 1/4: interval [0, 1]
     assert metrics == {
         "eval/accuracy": 0.5,
+        "eval/accuracy_ci_low": 0.0,
+        "eval/accuracy_ci_high": 1.0,
         "eval/response_len/mean": 2.5,
         "eval/truncated_frac": 0.5,
         "eval/reward_errors": 0.0,

@@ -249,7 +249,14 @@ def test_evaluate_reports_accuracy_and_keeps_training_counts(tokenizer):
     loop, _ = make_loop(tokenizer, answer_then_fix)
     loop.generate_groups([TOM], 1, ["g"])
     metrics = loop.evaluate([TOM, wrong], SamplingConfig(temperature=0.0, max_new_tokens=8))
-    assert metrics == {"eval/accuracy": 0.5, "eval/failed": 0.0, "eval/n": 2.0}
+    # rows [1, 0]: a resample of both rows is all 1 (or all 0) with chance 1/4: interval [0, 1]
+    assert metrics == {
+        "eval/accuracy": 0.5,
+        "eval/accuracy_ci_low": 0.0,
+        "eval/accuracy_ci_high": 1.0,
+        "eval/failed": 0.0,
+        "eval/n": 2.0,
+    }
     assert loop.pop_metrics()["agent/sessions"] == 1  # the training session only
     with pytest.raises(ValueError, match="at least one task"):
         loop.evaluate([], SamplingConfig())
@@ -261,6 +268,8 @@ def test_evaluate_counts_failures_by_reason_and_fails_when_every_session_fails(t
     metrics = loop.evaluate([TOM, BOOM], greedy)
     assert metrics == {
         "eval/accuracy": 0.5,
+        "eval/accuracy_ci_low": 0.0,
+        "eval/accuracy_ci_high": 1.0,
         "eval/failed": 1.0,
         "eval/failures/agent: RuntimeError": 1.0,
         "eval/n": 2.0,

@@ -223,7 +223,14 @@ def test_evaluate_counts_passed_checks(tokenizer, work_parent):
     loop = make_loop(tokenizer, work_parent, reply=lambda c: GOOD)
     is_even = next(t for t in TASKS if t["name"] == "is_even")
     metrics = loop.evaluate([ADD, is_even], SamplingConfig(temperature=0.0))
-    assert metrics == {"eval/accuracy": 0.5, "eval/failed": 0.0, "eval/n": 2.0}
+    # rows [1, 0]: a resample of both rows is all 1 (or all 0) with chance 1/4: interval [0, 1]
+    assert metrics == {
+        "eval/accuracy": 0.5,
+        "eval/accuracy_ci_low": 0.0,
+        "eval/accuracy_ci_high": 1.0,
+        "eval/failed": 0.0,
+        "eval/n": 2.0,
+    }
 
 
 def test_evaluate_in_which_every_session_fails_is_an_error(tokenizer, work_parent, tmp_path):

@@ -291,6 +291,8 @@ def test_evaluate(tokenizer) -> None:
     metrics = loop.evaluate(TASKS, SamplingConfig(temperature=0.0, max_new_tokens=16))
     assert metrics == {
         "eval/accuracy": 0.5,
+        "eval/accuracy_ci_low": 0.0,
+        "eval/accuracy_ci_high": 1.0,
         "eval/response_len/mean": 14.0,
         "eval/truncated_frac": 0.0,
         "eval/failed": 0.0,

@@ -26,6 +26,8 @@ def test_mid_run_evaluation_and_periodic_saves(tiny_checkpoint, tmp_path):
     # before step 1, after step 2, and once at the end (step 4 is not evaluated twice)
     assert [x["step"] for x in lines if x["kind"] == "eval"] == [0, 2, 4]
     assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2, 3, 4]
+    for x in (x for x in lines if x["kind"] == "eval"):  # the accuracy with its interval
+        assert x["eval/accuracy_ci_low"] <= x["eval/accuracy"] <= x["eval/accuracy_ci_high"]
     ckpts = sorted(p.name for p in (tmp_path / "t" / "checkpoints").glob("step_*"))
     assert ckpts == ["step_000002", "step_000004"]  # every 2 steps (the end is step 4)
     assert (tmp_path / "t" / "checkpoints" / "latest").read_text().strip() == "step_000004"

@@ -1,5 +1,6 @@
-"""``evaluate_checkpoint``: pass@k worked by hand through a stand-in engine, trajectories
-of sessions, checkpoint loading, and the errors (no checkpoint, no eval data, k > n)."""
+"""``evaluate_checkpoint``: pass@k, mean@n and maj@n worked by hand through a stand-in
+engine, trajectories of sessions, checkpoint loading, and the errors (no checkpoint, no
+eval data, k > n)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from short_runs import GSM8K_TINY, short_gsm8k_args
 
 from rltool.app.checkpoint import NoCheckpointError
 from rltool.app.evaluate import (
+    NO_ANSWERS,
     NoEvalDataError,
     PromptResult,
     check_ks,
@@ -73,8 +75,20 @@ def test_pass_at_k_through_the_gsm8k_loop_is_the_hand_worked_value(tiny_checkpoi
     assert figs.truncated_frac == 0.0
     assert figs.mean_response_len > 0
     assert report.overall.pass_at == figs.pass_at
+    # mean@4: the mean score, with a 0/1 reward pass@1 again; maj@4: every prompt votes
+    # "0" (three of four), right for the third prompt only
+    assert figs.figures["mean@4"].value == pytest.approx(1 / 3)
+    assert figs.figures["maj@4"].value == pytest.approx(1 / 3)
+    assert figs.maj_missing is None
+    # pass@1 per prompt [1/4, 0, 3/4]: a resample of all 0 (or all 3/4) has chance 1/27
+    one = figs.figures["pass@1"]
+    assert one.per_prompt == pytest.approx([0.25, 0.0, 0.75])
+    assert (one.low, one.high) == pytest.approx((0.0, 0.75))
     out = report.to_dict()
     assert out["tasks"][0]["pass_at"]["pass@4"] == pytest.approx(2 / 3)
+    assert out["tasks"][0]["figures"]["maj@4"] == pytest.approx(
+        {"value": 1 / 3, "low": 0.0, "high": 1.0}
+    )
     json.dumps(out)  # one JSON object
 
 
@@ -202,3 +216,51 @@ def test_a_session_loop_is_evaluated_by_session(tiny_checkpoint):
     assert (figs.task, figs.prompts, figs.samples) == ("calculator", 1, 2)
     assert figs.pass_at[1] <= figs.pass_at[2]
     assert figs.mean_response_len > 0
+
+
+def test_prompt_result_keeps_each_answer_for_the_vote():
+    def answered(i: int, extracted, correct: bool) -> RolloutState:
+        reward = {"score": float(correct), "correct": correct, "extracted": extracted}
+        return _state(i, Status.COMPLETED).model_copy(update={"reward": reward})
+
+    group = [
+        answered(0, "3.0", True),
+        answered(1, "3", True),  # the same answer as "3.0"
+        answered(2, None, False),  # no answer: no vote
+        _state(3, Status.FAILED, error="reward: timeout"),  # failed: no vote, score 0
+    ]
+    r = prompt_result(GroupOutcome(GroupRequest("default", {}, "g", 4), group))
+    assert r.votes == [("3", True), ("3", True), (None, False)]
+    assert r.scores == [1.0, 1.0, 0.0, 0.0]
+    unanswered = prompt_result(GroupOutcome(GroupRequest("default", {}, "g", 1), group[3:]))
+    assert unanswered.votes is None  # nothing says the loop extracts answers
+
+
+def test_mean_and_maj_over_prompts_hand_worked():
+    results = [
+        # scores 1, 0.5, 0 (partial credit); the vote: "7" twice, right
+        PromptResult(
+            3, 1, [1, 1, 1], 0, [], [1.0, 0.5, 0.0], [("7", True), ("7", True), ("2", False)]
+        ),
+        # two samples failed: scores 0; the one vote "4" is wrong
+        PromptResult(3, 0, [1], 0, ["x", "x"], [0.0, 0.0, 0.0], [("4", False)]),
+        # the group never came back: no score, no vote (the task still votes)
+        PromptResult(3, 0, [], 0, ["worker: died"] * 3),
+    ]
+    figs = task_figures("t", results, [1], n=3)
+    assert list(figs.figures) == ["pass@1", "mean@3", "maj@3"]
+    assert figs.figures["mean@3"].per_prompt == pytest.approx([0.5, 0.0, 0.0])
+    assert figs.figures["maj@3"].per_prompt == [1.0, 0.0, 0.0]
+    assert figs.figures["maj@3"].value == pytest.approx(1 / 3)
+    # an overall over a task that votes and one that does not shows no maj@n
+    assert "maj@3" not in task_figures("overall", results, [1], n=3, vote=False).figures
+    for fig in figs.figures.values():
+        assert fig.low <= fig.value <= fig.high
+
+
+def test_maj_is_left_out_with_a_reason_where_no_answer_is_extracted():
+    results = [PromptResult(2, 1, [4, 6], 0, [], [1.0, 0.0], None)]
+    figs = task_figures("t", results, [1, 2])
+    assert list(figs.figures) == ["pass@1", "pass@2", "mean@2"]
+    assert figs.maj_missing == NO_ANSWERS
+    assert "reward" in NO_ANSWERS and "extracted" in NO_ANSWERS

@@ -4,6 +4,7 @@ table and in JSON, and the errors with their exit codes."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,60 @@ def test_checkpoint_option_names_the_weights(run_dir, tiny_checkpoint, tmp_path)
     result = run_cli([*args, "--checkpoint", str(tmp_path / "step_000009")])
     assert result.exit_code == 3
     assert "step_000009: no manifest.json" in result.output
+
+
+@pytest.fixture(scope="module")
+def run_b(tiny_checkpoint, tmp_path_factory) -> Path:
+    """A second one-step run of the same recipe, another seed and learning rate."""
+    root = tmp_path_factory.mktemp("eval-run-b")
+    args = short_gsm8k_args(tiny_checkpoint, root, 1, "-q", "trainer.seed=1", "optimizer.lr=1e-2")
+    result = run_cli(args)
+    assert result.exit_code == 0, result.output
+    return root / "t"
+
+
+def test_two_runs_print_every_figure_with_intervals_and_the_paired_difference(run_dir, run_b):
+    result = run_cli(["eval", str(run_dir), str(run_b), "--n", "8"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "A weights: " in out and "B weights: " in out
+    assert "8 sample(s) per prompt" in out and "seed 0" in out  # B samples with A's seed
+    for figure in ("pass@1", "pass@8", "mean@8", "maj@8"):
+        assert figure in out
+    assert "B - A" in out and "beyond noise?" in out
+    assert "[" in out and "]" in out  # the intervals
+
+
+def test_the_comparison_in_json_pairs_the_same_prompts(run_dir, run_b):
+    ckpt_b = run_b / "checkpoints" / "step_000001"  # a checkpoint directory is a source too
+    result = run_cli(["eval", str(run_dir), str(ckpt_b), "--n", "2", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["b"]["weights"] == str(ckpt_b) and out["b"]["seed"] == out["a"]["seed"] == 0
+    assert out["a"]["rows"] == out["b"]["rows"]
+    (task_a,), (task_b,) = out["a"]["tasks"], out["b"]["tasks"]
+    diffs = out["differences"]["gsm8k"]
+    assert set(diffs) == {"pass@1", "pass@2", "mean@2", "maj@2"}
+    for name, d in diffs.items():
+        a, b = task_a["figures"][name], task_b["figures"][name]
+        assert a["low"] <= a["value"] <= a["high"]
+        assert d["mean"] == pytest.approx(b["value"] - a["value"])  # the mean of B - A
+        assert d["low"] <= d["mean"] <= d["high"] and d["prompts"] == 4
+        assert d["distinguishable"] == (not d["low"] <= 0.0 <= d["high"])
+
+
+def test_a_comparison_on_other_prompts_or_of_three_sources_is_exit_2(run_dir, run_b, tmp_path):
+    result = run_cli(["eval", str(run_dir), str(run_b), "data.eval_limit=2"])
+    assert result.exit_code == 0, result.output  # an override applies to both
+    fewer = tmp_path / "fewer"  # run b, its recipe evaluating 3 prompts, not 4
+    shutil.copytree(run_b, fewer)
+    config = (fewer / "config.yaml").read_text()
+    assert config.count("eval_limit: 4") == 1
+    (fewer / "config.yaml").write_text(config.replace("eval_limit: 4", "eval_limit: 3"))
+    unpaired = run_cli(["eval", str(run_dir), str(fewer)])
+    assert unpaired.exit_code == 2
+    assert "A and B evaluate different prompts (task 'gsm8k')" in unpaired.output
+    other = run_cli(["eval", str(run_dir), str(run_b), "--checkpoint", str(run_b)])
+    assert other.exit_code == 2 and "--checkpoint names the weights of one" in other.output
+    three = run_cli(["eval", str(run_dir), str(run_b), str(run_b)])
+    assert three.exit_code == 2 and "give one source to evaluate, or two" in three.output

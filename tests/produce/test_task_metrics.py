@@ -107,3 +107,31 @@ def test_evaluate_tasks_sums_failures_and_their_reasons_over_tasks() -> None:
     assert m["eval/failures/sandbox: bwrap not found"] == 2.0  # one task's reason: still summed
     assert m["eval/accuracy"] == pytest.approx(1 / 6)  # (2 * 0.5 + 4 * 0.0) / 6
     assert m["eval/code/failures/sandbox: bwrap not found"] == 2.0
+
+
+def test_the_accuracy_interval_of_one_task_is_kept_and_of_several_combined() -> None:
+    per_task = {
+        # add: 3 rows, 0.5 in [0.3, 0.8]; mul: 1 row, 0.0 in [0.0, 0.4]
+        "add": {"eval/accuracy": 0.5, "eval/accuracy_ci_low": 0.3, "eval/accuracy_ci_high": 0.8},
+        "mul": {"eval/accuracy": 0.0, "eval/accuracy_ci_low": 0.0, "eval/accuracy_ci_high": 0.4},
+    }
+    greedy = SamplingConfig(temperature=0.0)
+    one = evaluate_tasks(
+        lambda name, r, s: {**per_task[name], "eval/n": 3.0},
+        [spec("add")],
+        {"add": rows(3)},
+        greedy,
+    )
+    assert (one["eval/accuracy_ci_low"], one["eval/accuracy_ci_high"]) == pytest.approx((0.3, 0.8))
+    both = evaluate_tasks(
+        lambda name, r, s: {**per_task[name], "eval/n": float(len(r))},
+        [spec("add"), spec("mul")],
+        {"add": rows(3), "mul": rows(1)},
+        greedy,
+    )
+    assert both["eval/accuracy"] == pytest.approx(0.375)  # (3 * 0.5 + 0) / 4
+    # weights 3/4 and 1/4: below sqrt((0.75 * 0.2)^2 + 0) = 0.15,
+    # above sqrt((0.75 * 0.3)^2 + (0.25 * 0.4)^2) = sqrt(0.050625 + 0.01) = 0.24622
+    assert both["eval/accuracy_ci_low"] == pytest.approx(0.375 - 0.15)
+    assert both["eval/accuracy_ci_high"] == pytest.approx(0.375 + math.sqrt(0.060625))
+    assert both["eval/add/accuracy_ci_low"] == 0.3  # each task's own interval as it was

@@ -172,3 +172,21 @@ def test_a_figure_written_under_both_names_keeps_the_new_one(tmp_path):
     both = [train_line(1, {"staleness/stale_tokens_masked": 3, "staleness/stale_tokens": 5})]
     (run,) = read_runs([write_run(tmp_path / "both", both)])
     assert run.lines["train"][0]["staleness/stale_tokens"] == 5
+
+
+def test_held_out_accuracy_is_drawn_with_its_interval_as_a_band(tmp_path):
+    lines = [
+        eval_line(s, {"eval/accuracy": a, "eval/accuracy_ci_low": lo, "eval/accuracy_ci_high": hi})
+        for s, a, lo, hi in [(0, 0.2, 0.1, 0.3), (5, 0.4, 0.3, 0.5), (10, 0.5, None, 0.6)]
+    ]
+    older = [eval_line(0, {"eval/accuracy": 0.2})]  # a run without intervals: no band
+    runs = read_runs([write_run(tmp_path / "A", lines), write_run(tmp_path / "B", older)])
+    chart = build_chart(SPECS["accuracy"], runs)
+    assert [t.band is not None for t in chart.traces] == [True, False]
+    data = figure(chart)["data"]
+    assert [d["mode"] for d in data] == ["lines", "lines+markers", "lines+markers"]
+    band = data[0]
+    # along the highs and back along the lows; step 10 lacks its low, so it is left out
+    assert band["x"] == [0, 5, 5, 0] and band["y"] == [0.3, 0.5, 0.3, 0.1]
+    assert band["fill"] == "toself" and band["showlegend"] is False
+    assert band["legendgroup"] == "A" and band["fillcolor"].startswith("rgba(99, 110, 250,")

@@ -8,7 +8,7 @@ import time
 import math_verify
 import pytest
 
-from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
+from rltool.rewards.gsm8k import RewardResult, answer_key, extract_answer, gsm8k_reward
 from rltool.rollout.failures import failure_reason
 
 
@@ -89,3 +89,9 @@ def test_works_outside_the_main_thread() -> None:
     worker.start()
     worker.join(timeout=30)
     assert [(r.status, r.score) for r in results] == [("ok", 1.0), ("ok", 1.0)]
+
+
+def test_answer_key_makes_equal_numbers_one_vote():
+    assert answer_key("3") == answer_key("3.0") == answer_key("6/2") == "3"
+    assert answer_key("0.5") == "1/2"
+    assert answer_key(" x + 1 ") == "x + 1"  # not a plain number: the text as extracted

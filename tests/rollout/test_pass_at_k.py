@@ -1,10 +1,10 @@
-"""Unbiased pass@k, worked by hand: 1 - C(n-c, k) / C(n, k)."""
+"""Unbiased pass@k, worked by hand: 1 - C(n-c, k) / C(n, k); maj@n, the majority vote."""
 
 from __future__ import annotations
 
 import pytest
 
-from rltool.rollout.pass_at_k import mean_pass_at_k, pass_at_k
+from rltool.rollout.pass_at_k import majority_vote, mean_pass_at_k, pass_at_k
 
 
 def test_pass_at_1_is_the_fraction_correct():
@@ -44,3 +44,26 @@ def test_out_of_range_is_an_error(n, c, k):
 def test_no_prompt_is_an_error():
     with pytest.raises(ValueError, match="at least one prompt"):
         mean_pass_at_k([], 1)
+
+
+def test_majority_vote_is_right_when_the_most_frequent_answer_is():
+    # "3" three times (right), "5" twice: the vote says 3
+    assert majority_vote(["3", "5", "3", "5", "3"], [True, False, True, False, True]) == 1.0
+    # two right of five: the majority "5" is wrong, though pass@5 would count it solved
+    assert majority_vote(["5", "3", "5", "5", "3"], [False, True, False, False, True]) == 0.0
+
+
+def test_a_tie_counts_the_share_of_tied_answers_that_are_right():
+    assert majority_vote(["3", "5"], [True, False]) == 0.5
+    assert majority_vote(["5", "3"], [False, True]) == 0.5  # sample order does not matter
+    # three answers tied at two votes, one of them right; a lone "9" has no say
+    assert majority_vote(
+        ["1", "2", "3", "1", "2", "3", "9"], [True, False, False, True, False, False, True]
+    ) == pytest.approx(1 / 3)
+
+
+def test_samples_without_an_answer_do_not_vote():
+    assert majority_vote([None, None, "4"], [False, False, True]) == 1.0
+    assert majority_vote([None, None], [False, False]) == 0.0
+    with pytest.raises(ValueError, match="2 answers but 1"):
+        majority_vote(["1", "2"], [True])
