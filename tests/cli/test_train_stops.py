@@ -22,7 +22,7 @@ from rltool.app.run_lock import LOCK_FILE, RunLock
 from rltool.config.loader import load_recipe, recipe_to_yaml
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
-MAIN = "from rltool.cli.app import main; main()"
+MAIN = "from rltool.cli.entry import main; main()"  # what the rltool script runs
 
 
 def _keys(run_dir: Path) -> list[tuple[int, str]]:
