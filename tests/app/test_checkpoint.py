@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from checkpoint_parts import FakeTokenizer, tiny_qwen
 
 from rltool.app import checkpoint as ckpt_mod
 from rltool.app.checkpoint import (
@@ -25,35 +25,14 @@ from rltool.app.checkpoint import (
 from rltool.produce.sampler import PromptSampler
 
 
-class _Tok:
-    """Stands in for a tokenizer: save_pretrained writes one file."""
-
-    def save_pretrained(self, path):
-        (path / "tokenizer.json").write_text("{}")
-
-
-def _model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
 def _state(step: int) -> TrainerState:
     producer = {"sampler": {"epoch": 0}}
     return TrainerState(step, {"opt": step}, {"sched": step}, capture_rng(), {}, producer)
 
 
 def test_save_then_load_roundtrip(tmp_path):
-    model = _model()
-    path = save_checkpoint(tmp_path, model, _Tok(), _state(3))
+    model = tiny_qwen()
+    path = save_checkpoint(tmp_path, model, FakeTokenizer(), _state(3))
     assert path.name == "step_000003"
     assert (path / "model.safetensors").is_file()
     state = load_trainer_state(path)
@@ -63,8 +42,8 @@ def test_save_then_load_roundtrip(tmp_path):
 def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"
-    model = _model()
-    save_checkpoint(root, model, _Tok(), _state(1))
+    model = tiny_qwen()
+    save_checkpoint(root, model, FakeTokenizer(), _state(1))
 
     real_save = torch.save
 
@@ -74,7 +53,7 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypa
 
     monkeypatch.setattr(ckpt_mod.torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(root, model, _Tok(), _state(2))
+        save_checkpoint(root, model, FakeTokenizer(), _state(2))
     monkeypatch.undo()
     assert not (root / ".tmp-step_000002" / "manifest.json").exists()
 
@@ -83,15 +62,15 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypa
     assert load_trainer_state(latest).step == 1
     assert not (root / "step_000002").exists()
     # the next save cleans the half-written directory and moves latest on
-    save_checkpoint(root, model, _Tok(), _state(2))
+    save_checkpoint(root, model, FakeTokenizer(), _state(2))
     assert latest_checkpoint(run_dir).name == "step_000002"
     assert not (root / ".tmp-step_000002").exists()
 
 
 def test_keep_last_prunes_old_checkpoints(tmp_path):
-    model = _model()
+    model = tiny_qwen()
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, model, _Tok(), _state(step), keep_last=2)
+        save_checkpoint(tmp_path, model, FakeTokenizer(), _state(step), keep_last=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000002", "step_000003"]
 
 
@@ -103,9 +82,9 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 def _two_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
-    model = _model()
+    model = tiny_qwen()
     for step in (1, 2):
-        save_checkpoint(run_dir / "checkpoints", model, _Tok(), _state(step))
+        save_checkpoint(run_dir / "checkpoints", model, FakeTokenizer(), _state(step))
     return run_dir, run_dir / "checkpoints" / "step_000002"
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from checkpoint_parts import FakeTokenizer, tiny_qwen
 
 from rltool.app import checkpoint as ckpt_mod
 from rltool.app.checkpoint import (
@@ -30,25 +29,6 @@ TORCH_FULL = (
 SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
 
 
-class _Tok:
-    def save_pretrained(self, path):
-        (path / "tokenizer.json").write_text("{}")
-
-
-def _model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
 def _state(step: int) -> TrainerState:
     return TrainerState(step, {}, {}, capture_rng(), {}, {})
 
@@ -66,8 +46,8 @@ def test_a_full_disk_names_path_and_free_space_and_removes_the_partial_save(
     tmp_path, monkeypatch, error
 ):
     root = tmp_path / "run" / "checkpoints"
-    model = _model()
-    first = save_checkpoint(root, model, _Tok(), _state(1))
+    model = tiny_qwen()
+    first = save_checkpoint(root, model, FakeTokenizer(), _state(1))
 
     def full(obj, path, *args, **kwargs):
         path.write_bytes(b"\0" * 1000)  # the part written before the disk filled up
@@ -76,7 +56,7 @@ def test_a_full_disk_names_path_and_free_space_and_removes_the_partial_save(
     monkeypatch.setattr(ckpt_mod.torch, "save", full)
     monkeypatch.setattr(ckpt_mod.shutil, "disk_usage", lambda p: _Usage(free=3 * 2**20 // 2))
     with pytest.raises(DiskFullError) as caught:
-        save_checkpoint(root, model, _Tok(), _state(2))
+        save_checkpoint(root, model, FakeTokenizer(), _state(2))
     message = str(caught.value)
     assert f"no space left on the device of {root} to save a checkpoint: 1.5 MiB free" in message
     assert "the newest checkpoint, step_000001, takes" in message
@@ -94,13 +74,13 @@ def test_other_write_errors_still_remove_the_partial_save_and_pass_through(tmp_p
 
     monkeypatch.setattr(ckpt_mod.torch, "save", denied)
     with pytest.raises(PermissionError):
-        save_checkpoint(root, _model(), _Tok(), _state(1))
+        save_checkpoint(root, tiny_qwen(), FakeTokenizer(), _state(1))
     assert not (root / ".tmp-step_000001").exists()
 
 
 def test_partial_saves_are_removed_and_complete_ones_kept(tmp_path):
     root = tmp_path / "run" / "checkpoints"
-    kept = save_checkpoint(root, _model(), _Tok(), _state(1))
+    kept = save_checkpoint(root, tiny_qwen(), FakeTokenizer(), _state(1))
     (root / ".tmp-step_000002" / "sharded").mkdir(parents=True)
     (root / ".tmp-step_000002" / "model.safetensors").write_bytes(b"\0" * 10)
     assert [p.name for p in remove_partial_saves(root.parent)] == [".tmp-step_000002"]
