@@ -1,7 +1,7 @@
 """FSDP2 train steps on several gloo processes, for tests/training/test_sharding.py.
 
 ``torchrun --nproc_per_node 2 fsdp_steps.py OUT_DIR SINGLE_CKPT`` writes, from rank 0:
-``OUT_DIR/<loss_agg>.pt`` (full parameters after 3 steps, one file per aggregation),
+``OUT_DIR/<case>.pt`` (full parameters after 3 steps, one file per case of ``CASES``),
 a sharded checkpoint at step 2 under ``OUT_DIR/run2``, and the parameters after steps
 3-4 resumed from it (``from2.pt``) and from the one-process checkpoint ``SINGLE_CKPT``
 (``from1.pt``). The test computes the same on one process and compares.
@@ -26,7 +26,12 @@ from rltool.app.sharded_checkpoint import (
     restore_updater,
     write_sharded,
 )
-from rltool.config.schema import AlgorithmConfig, DistributedConfig, OptimizerConfig
+from rltool.config.schema import (
+    AlgorithmConfig,
+    DistributedConfig,
+    OptimizerConfig,
+    RolloutCorrectionConfig,
+)
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.training.batch import Pack
 from rltool.training.optim import build_optimizer, build_scheduler
@@ -41,8 +46,20 @@ from rltool.training.sharding import (
 )
 from rltool.training.updater import PolicyUpdater
 
-# loss aggregation -> mini-batches (2: the old-logprob forwards and padded rank slots run)
-CASES = {"token-mean": 1, "seq-mean-token-mean": 2, "seq-mean-token-sum-norm": 1}
+# case -> (loss aggregation, mini-batches (2: the old-logprob forwards and padded rank slots
+# run), the rest of algorithm): a sequence-level loss over rows split across ranks, and
+# token IS weights normalised over the whole batch (every rank's rows gathered)
+CASES = {
+    "token-mean": ("token-mean", 1, {}),
+    "seq-mean-token-mean": ("seq-mean-token-mean", 2, {}),
+    "seq-mean-token-sum-norm": ("seq-mean-token-sum-norm", 1, {}),
+    "gspo": ("seq-mean-token-mean", 2, {"policy_loss": "gspo"}),
+    "batch-normalized-weights": (
+        "token-mean",
+        1,
+        {"rollout_correction": RolloutCorrectionConfig(weights="token", batch_normalize=True)},
+    ),
+}
 CKPT_CASE = ("token-mean", 2)
 VOCAB = 491  # the demo tokenizer's, so that a checkpoint's tokenizer fits its model
 SIZES = (3, 1, 2, 4, 1)  # samples per pack: rows of unequal token counts
@@ -80,15 +97,17 @@ def step_packs(step: int) -> list[Pack]:
     return packs
 
 
-def new_updater(loss_agg: str, mini_batches: int, shard: Shard | None) -> PolicyUpdater:
+def new_updater(
+    loss_agg: str, mini_batches: int, shard: Shard | None, algo: dict | None = None
+) -> PolicyUpdater:
     model = random_qwen2(VOCAB, seed=0)
     if shard is not None:
         shard_model(model, DistributedConfig())
     cfg = OptimizerConfig(lr=1e-3, warmup_steps=2, schedule="linear", weight_decay=0.01)
     optimizer = build_optimizer(model, cfg)
-    algo = AlgorithmConfig(loss_agg=loss_agg, mini_batches=mini_batches)
+    algorithm = AlgorithmConfig(loss_agg=loss_agg, mini_batches=mini_batches, **(algo or {}))
     return PolicyUpdater(
-        model, optimizer, build_scheduler(optimizer, cfg, 10), algo, norm_len=16, shard=shard
+        model, optimizer, build_scheduler(optimizer, cfg, 10), algorithm, norm_len=16, shard=shard
     )
 
 
@@ -121,8 +140,8 @@ def main(out: Path, single_ckpt: Path) -> None:
     shard = init_shard(DistributedConfig())
     assert shard is not None, "run under torchrun"
     results: dict[str, dict] = {}
-    for loss_agg, mini_batches in CASES.items():
-        results[loss_agg] = params(train(new_updater(loss_agg, mini_batches, shard), range(3)))
+    for case, (loss_agg, mini_batches, algo) in CASES.items():
+        results[case] = params(train(new_updater(loss_agg, mini_batches, shard, algo), range(3)))
     updater = train(new_updater(*CKPT_CASE, shard), range(2))
     if shard.leader:
         ckpt = save(updater, out / "run2" / "checkpoints", 2, shard)
