@@ -26,7 +26,7 @@ def refuse_run_in_use(args: list[str]) -> None:
     from rltool.app.run_lock import RunInUseError, RunLock
 
     try:
-        RunLock(run_dir).acquire().release()
+        RunLock(run_dir).check_free()
     except RunInUseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

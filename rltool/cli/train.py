@@ -43,7 +43,7 @@ def train(
 
     if resume is not None and resume.is_dir() and not print_config:
         try:  # a run in use: said at once (the driver holds the lock for the run's life)
-            RunLock(resume).acquire().release()
+            RunLock(resume).check_free()
         except RunInUseError as exc:
             Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2) from exc

@@ -138,7 +138,8 @@ def test_real_signals_and_a_second_process_on_one_run(tiny_checkpoint, tmp_path)
     second = _start("train", "--resume", str(run_dir))
     out2, _ = second.communicate(timeout=120)
     took = time.monotonic() - t0
-    assert trainer.poll() is None, "the first trainer ended before the check: not a test"
+    if trainer.poll() is not None:
+        raise AssertionError(f"the trainer ended before the check: {trainer.communicate()[0]}")
     trainer.kill()  # kill -9: the kernel drops its lock
     trainer.communicate(timeout=60)
     assert second.returncode == 2, out2
