@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import wide_environ
 from short_runs import short_gsm8k_args
 
 from rltool.app.distributed import root_cause
@@ -74,7 +75,7 @@ def test_a_killed_rank_is_named_with_the_resume_line(tiny_checkpoint, tmp_path) 
     args = short_gsm8k_args(tiny_checkpoint, tmp_path, 2000, "distributed.nproc_per_node=2")
     run_dir = tmp_path / "t"
     ckpt_args = ["trainer.save_every=1", "--quiet"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
+    env = wide_environ(PYTHONPATH=str(ROOT))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "rltool.cli.app", *args, *ckpt_args],
         env=env,
@@ -93,7 +94,6 @@ def test_a_killed_rank_is_named_with_the_resume_line(tiny_checkpoint, tmp_path) 
     os.kill(follower, signal.SIGKILL)
     _, err = launcher.communicate(timeout=300)
     assert launcher.returncode != 0
-    err = " ".join(err.split())
     assert "error: rank 1 was killed (exit code -9, SIGKILL); the group stopped." in err
     assert "Continue from the newest complete checkpoint with: rltool train --resume" in err
 
