@@ -237,6 +237,9 @@ def test_command_that_closes_its_output_still_times_out(make_spec, live_processe
 
 
 def test_keyboard_interrupt_during_run_cleans_up(make_spec, live_processes):
+    # a shell's background job (`pytest ... &`) starts with SIGINT ignored, and Python
+    # keeps it so: install Python's own handler, or Ctrl-C never reaches the test
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -244,6 +247,7 @@ def test_keyboard_interrupt_during_run_cleans_up(make_spec, live_processes):
             run_sandbox(make_spec(["sleep", "987662"], limits=SandboxLimits(wall_clock_s=30)))
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert live_processes("sleep\x00987662") == []  # make_spec checks the work dir is gone
 
 
