@@ -28,6 +28,8 @@ ROLLOUT_REWARD_MEAN = "rollout/reward_mean"
 ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len/mean"  # response_ids, tool tokens included
 ROLLOUT_TRUNCATED_FRAC = "rollout/truncated_frac"
 ROLLOUT_SERVERS_DROPPED = "rollout/servers_dropped"  # hung or down (engines/openai_server.py)
+# + a component's name: its mean over the step's samples whose reward has "components"
+ROLLOUT_REWARD_COMPONENTS = "rollout/reward_components/"
 
 # ---- failures/*: FAILED samples of the step by short reason (produce/result.py)
 FAILURES = "failures/"  # + a short reason (rollout/failures.py)
@@ -80,3 +82,17 @@ TIME_TRAIN = "time/train"
 TIME_OVERLAP = "time/overlap"
 TIME_STEP = "time/step"
 TIME_EVAL = "time/eval"
+
+# ---- alarm/*: the health alarms that fired at a step (app/alarms.py): alarm/<name> = 1 and
+# alarm/<name>/value, the figure that fired it; the step line and the report read them
+ALARM = "alarm/"
+ALARM_VALUE = "/value"
+
+
+def alarms_fired(metrics: dict[str, float]) -> list[str]:
+    """The names of the alarms a metrics line records as fired."""
+    return [
+        k.removeprefix(ALARM)
+        for k, v in metrics.items()
+        if k.startswith(ALARM) and not k.endswith(ALARM_VALUE) and v
+    ]

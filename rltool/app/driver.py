@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rltool import metric_names as mn
 from rltool.agent_loops.evaluation import EvaluationFailed
+from rltool.app.alarms import AlarmWatch, alarm_metrics, stopping
 from rltool.app.checkpoint import NoCheckpointError, checkpoint_dirs, remove_partial_saves
 from rltool.app.determinism import determinism_warnings
 from rltool.app.failed_steps import (
@@ -54,7 +55,8 @@ from rltool.engines.base import ServersDown
 class TrainOutcome:
     run_dir: Path
     steps_done: int
-    stopped_by: str  # "steps" | "time_budget" | "SIGINT" | "SIGTERM" | "failures" | "servers_down"
+    # "steps" | "time_budget" | "SIGINT" | "SIGTERM" | "failures" | "servers_down" | "alarm"
+    stopped_by: str
     first_eval: dict[str, float]
     last_eval: dict[str, float]
     failures: dict[str, int] = field(default_factory=dict)  # failed samples by reason, run-wide
@@ -263,9 +265,12 @@ def _loop(
     if evals is None:  # not when the stop came while the run was being built
         first_eval = {} if stop.requested else _evaluate(run, writer, view)
         last_eval, last_eval_step = first_eval, run.step
+        watch = AlarmWatch(cfg.alarms, [{"step": run.step, **first_eval}])
     else:
         first_eval, last_eval = (_scores(evals[0]), _scores(evals[-1])) if evals else ({}, {})
         last_eval_step = evals[-1]["step"] if evals else -1
+        watch = AlarmWatch(cfg.alarms, evals)
+    alarm = None  # the alarm that stopped the run (trainer.alarms.stop_on)
     stopped_by = stop.signal_name if stop.requested else "steps"
     eval_error, servers_down = None, None
     saved, saved_at = None, None
@@ -276,8 +281,12 @@ def _loop(
         while stopped_by == "steps" and run.step < cfg.steps:
             metrics, skipped, failed, servers_down = _step(run, run_dir, view, dump)
             run.history.append(metrics)
+            fired, new = watch.step(run.history, run.step)
+            metrics |= alarm_metrics(fired)
             writer.write(run.step, metrics, kind="train")
             view.step_line(run.step, metrics, skipped)
+            for a in new:
+                view.note(f"alarm {a.name} at step {run.step}: {a.message}")
             for reason, example in new_failures(failed, seen):
                 view.failure(reason, example)
             advance()
@@ -287,12 +296,16 @@ def _loop(
             if failed_streak(run.history) >= cfg.max_failed_steps:
                 stopped_by = "failures"
                 break
+            if (alarm := stopping(fired, cfg.alarms)) is not None:
+                stopped_by = "alarm"
+                break
             if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
                 evaluated, eval_error = _evaluate_or_stop(run, writer, view)
                 if evaluated is None:
                     stopped_by = "failures"
                     break
                 last_eval, last_eval_step = evaluated, run.step
+                watch.evaluated(run.step, evaluated)
             fault_point("train", run.step)
             # a step in which every sample failed changed nothing worth a checkpoint
             if cfg.save_every and run.step % cfg.save_every == 0 and not all_failed(metrics):
@@ -327,6 +340,11 @@ def _loop(
         outcome.failure = f"stopped after step {run.step}: {servers_down}"
     elif stopped_by == "failures":
         outcome.failure = stop_message(failed_streak(run.history), outcome.failures)
+    elif alarm is not None:
+        outcome.failure = (
+            f"stopped after step {run.step} by the alarm {alarm.name} "
+            f"(trainer.alarms.stop_on): {alarm.message}"
+        )
     elif len(run.history) > first_step and trained_samples(run.history) == 0:
         outcome.failure = trained_nothing_message(len(run.history), outcome.failures)
     view.summary(outcome, run.history)

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rltool.config import correction
-from rltool.config.schema import POLICY_LOSS_NAMES, RecipeConfig
+from rltool.config.schema import ALARM_NAMES, POLICY_LOSS_NAMES, RecipeConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,6 +92,8 @@ _SAMPLING = {
     "top_k": at_least(0),
     "max_new_tokens": at_least(1),
 }
+
+_FRACTION = Range(low=0, high=1, low_open=True, high_open=True, null=True)  # (0, 1) or null
 
 RANGES: dict[str, Range] = {
     "model.lora.rank": at_least(1),
@@ -158,6 +160,15 @@ RANGES: dict[str, Range] = {
     "trainer.save_every": at_least(0),
     "trainer.time_budget_s": above(0, null=True),
     "trainer.max_failed_steps": at_least(1),
+    "trainer.alarms.baseline_steps": at_least(1),
+    "trainer.alarms.length_ratio": above(1, null=True),
+    "trainer.alarms.truncated_frac": Range(low=0, high=1, high_open=True, null=True),
+    "trainer.alarms.entropy_ratio": _FRACTION,
+    "trainer.alarms.accuracy_drop": at_least(0, null=True),
+    "trainer.alarms.reward_rise": at_least(0, null=True),
+    "trainer.alarms.component_share": _FRACTION,
+    "trainer.alarms.mismatch_kl": above(0, null=True),
+    "trainer.alarms.grad_norm_ratio": above(1, null=True),
     "distributed.nproc_per_node": at_least(1),
     "distributed.nnodes": at_least(1),
     # the sandbox loop's limits (options are a free map: these match by their whole key);
@@ -215,6 +226,7 @@ NAMES: dict[str, Names] = {
     "algorithm.rollout_correction.preset": one_of("", *correction.PRESETS),  # "" = none
     "algorithm.rollout_correction.weights": one_of(*correction.WEIGHTS),
     "algorithm.rollout_correction.reject[*].criterion": one_of(*correction.CRITERIA),
+    "trainer.alarms.stop_on[*]": one_of(*ALARM_NAMES),  # app/alarms.py
 }
 
 # names of a registry that a higher layer fills: checked by rltool/app/recipe_names.py

@@ -288,6 +288,34 @@ class OptimizerConfig:
     init_from_checkpoint: bool = False
 
 
+# trainer.alarms: the health alarms app/alarms.py computes each step (docs/metrics.md#alarms);
+# a test keeps the two equal
+ALARM_NAMES = (
+    "length", "truncation", "entropy", "reward_hacking", "reward_component", "mismatch",
+    "grad_norm",
+)  # fmt: skip
+
+
+@dataclass
+class AlarmsConfig:
+    """``trainer.alarms``: signals that a run is going wrong, from the figures each step
+    logs; null turns an alarm off. ``baseline`` is the mean of a figure over the run's
+    first ``baseline_steps`` steps (the steps so far while there are fewer)."""
+
+    baseline_steps: int = 10
+    length_ratio: float | None = 2.0  # rollout/response_len/mean > ratio x its baseline
+    truncated_frac: float | None = 0.3  # rollout/truncated_frac above this
+    entropy_ratio: float | None = 0.2  # actor/entropy < ratio x its baseline
+    # reward hacking: between the last two evaluations, eval/accuracy fell by more than
+    # accuracy_drop while the sampled reward rose by more than reward_rise
+    accuracy_drop: float | None = 0.05
+    reward_rise: float | None = 0.05
+    component_share: float | None = 0.9  # one reward component's share of |components| above
+    mismatch_kl: float | None = 0.01  # mismatch/kl_k3 (engine vs trainer) above this
+    grad_norm_ratio: float | None = 5.0  # actor/grad_norm > ratio x median of the last steps
+    stop_on: list[str] = field(default_factory=list)  # alarms that stop the run (exit 3)
+
+
 @dataclass
 class TrainerConfig:
     steps: int = 100
@@ -304,6 +332,7 @@ class TrainerConfig:
     # the same recipe and seed give the same metrics and weights (deterministic kernels;
     # not with async production, Ray workers or vLLM): docs/replay.md#deterministic-mode
     deterministic: bool = False
+    alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
 
 
 @dataclass

@@ -174,7 +174,7 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
         and isinstance(s.score, int | float)
         and math.isfinite(s.score)
     ]
-    return {
+    return reward_components(samples) | {
         mn.ROLLOUT_REWARD_MEAN: float(np.mean(scores)) if scores else math.nan,
         mn.ROLLOUT_TRUNCATED_FRAC: sum(s.finish_reason == "length" for s in samples)
         / max(len(samples), 1),
@@ -184,6 +184,19 @@ def rollout_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float
             else 0.0
         ),
     }
+
+
+def reward_components(samples: Sequence[RolloutState]) -> dict[str, float]:
+    """``rollout/reward_components/<name>``: the mean of each finite number a COMPLETED
+    sample's ``reward["components"]`` holds (parts of the score a reward reports, e.g.
+    format and correctness), over the samples that have it; {} when none does."""
+    values: dict[str, list[float]] = {}
+    for s in samples:
+        parts = s.reward.get("components") if s.status == Status.COMPLETED and s.reward else None
+        for name, v in (parts or {}).items():
+            if isinstance(v, int | float) and math.isfinite(v):
+                values.setdefault(str(name), []).append(float(v))
+    return {f"{mn.ROLLOUT_REWARD_COMPONENTS}{k}": float(np.mean(v)) for k, v in values.items()}
 
 
 def failure_metrics(groups: Iterable[Sequence[RolloutState]]) -> dict[str, float]:

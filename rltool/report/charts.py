@@ -156,6 +156,29 @@ CHARTS: tuple[ChartSpec, ...] = (
 )
 
 
+# the charts each health alarm (app/alarms.py) is marked on: its figure's chart; the
+# alarms whose figure has no chart of its own go on the sampled reward's
+ALARM_CHARTS: dict[str, tuple[str, ...]] = {
+    "length": ("length",),
+    "truncation": ("truncation",),
+    "entropy": ("entropy",),
+    "reward_hacking": ("reward", "accuracy"),
+    "reward_component": ("reward",),
+    "mismatch": ("mismatch",),
+    "grad_norm": ("reward",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A vertical line at the first step of a run's streak of one alarm."""
+
+    run: str
+    run_index: int  # its colour
+    step: int
+    alarm: str
+
+
 @dataclass(frozen=True, slots=True)
 class Trace:
     run: str  # the run's name, the legend group
@@ -171,6 +194,7 @@ class Chart:
     spec: ChartSpec
     traces: list[Trace] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # metrics some run did not record
+    markers: list[Marker] = field(default_factory=list)  # alarms that fired
 
 
 def build_chart(spec: ChartSpec, runs: list[RunRecord]) -> Chart:
@@ -194,7 +218,21 @@ def build_chart(spec: ChartSpec, runs: list[RunRecord]) -> Chart:
                 chart.traces.append(
                     Trace(run.name, index, label, dash, series(run, trace.kind, key), band)
                 )
+        chart.markers += alarm_markers(run, index, spec.id)
     return chart
+
+
+def alarm_markers(run: RunRecord, run_index: int, chart_id: str) -> list[Marker]:
+    """The run's alarms that belong on the chart, one marker per streak (the steps in a row
+    an alarm fired), at its first step."""
+    out = []
+    for alarm, charts in ALARM_CHARTS.items():
+        if chart_id not in charts:
+            continue
+        fired = series(run, TRAIN, f"{mn.ALARM}{alarm}")
+        steps = {s for s, v in zip(fired.steps, fired.values, strict=True) if v}
+        out += [Marker(run.name, run_index, s, alarm) for s in sorted(steps) if s - 1 not in steps]
+    return out
 
 
 def _band(run: RunRecord, trace: TraceSpec, match: str) -> tuple[Series, Series] | None:

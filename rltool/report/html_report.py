@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rltool.app.run_reader import RunRecord, RunSummary, read_runs, summarize
-from rltool.report.charts import Chart, Trace, build_charts
+from rltool.report.charts import Chart, Marker, Trace, build_charts
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 DASH_GLYPHS = ("——", "– –", "···", "–·–", "— —", "—·—")  # the dashes, in the subtitle
@@ -81,6 +81,7 @@ def figure(chart: Chart) -> dict[str, Any]:
     }
     if spec.percent:
         yaxis["tickformat"] = ".0%"
+    shapes, notes = marker_shapes(chart.markers)
     layout = {
         "title": {"text": title, "x": 0.02, "font": {"size": 16}},
         "height": 340,
@@ -89,8 +90,29 @@ def figure(chart: Chart) -> dict[str, Any]:
         "showlegend": True,
         "xaxis": {"title": {"text": "step"}},
         "yaxis": yaxis,
+        "shapes": shapes,
+        "annotations": notes,
     }
     return {"data": data, "layout": layout}
+
+
+def marker_shapes(markers: list[Marker]) -> tuple[list[dict], list[dict]]:
+    """Each alarm marker as a dotted vertical line in its run's colour and its name written
+    along it (plotly layout shapes and annotations)."""
+    shapes, notes = [], []
+    for m in markers:
+        colour = COLOURS[m.run_index % len(COLOURS)]
+        line = {"color": colour, "dash": "dot", "width": 1.5}
+        shapes.append(
+            {"type": "line", "xref": "x", "yref": "paper", "x0": m.step, "x1": m.step}
+            | {"y0": 0, "y1": 1, "line": line}
+        )
+        notes.append(
+            {"x": m.step, "y": 1, "xref": "x", "yref": "paper", "showarrow": False}
+            | {"text": f"alarm: {escape(m.alarm)}", "textangle": -90, "xanchor": "left"}
+            | {"yanchor": "top", "font": {"size": 10, "color": colour}}
+        )
+    return shapes, notes
 
 
 def band_trace(trace: Trace) -> dict[str, Any]:

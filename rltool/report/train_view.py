@@ -155,6 +155,9 @@ class TrainView:
         if figure is not None:
             parts.append(f"stale [cyan]{figure}[/]")
             parts.append(f"overlap [cyan]{metrics.get(mn.TIME_OVERLAP, 0.0):.1f}s[/]")
+        fired = mn.alarms_fired(metrics)
+        if fired:  # health alarms (app/alarms.py); the message comes on a streak's first step
+            parts.append(f"[bold red]alarm {escape(', '.join(fired))}[/]")
         self.console.print("  ".join(parts))
         if skipped:
             reasons: dict[str, int] = {}
