@@ -64,9 +64,9 @@ def length_drift(run: SoFar, cfg: AlarmsConfig) -> Alarm | None:
     base = baseline(run.history, mn.ROLLOUT_RESPONSE_LEN_MEAN, cfg.baseline_steps)
     if cfg.length_ratio is None or now is None or not base:
         return None
-    ratio = now / base
-    if ratio <= cfg.length_ratio:
+    if now <= cfg.length_ratio * base:  # a product: the edge is exact where the figures are
         return None
+    ratio = now / base
     return Alarm(
         "length",
         ratio,
@@ -94,9 +94,9 @@ def entropy_collapse(run: SoFar, cfg: AlarmsConfig) -> Alarm | None:
     base = baseline(run.history, mn.ACTOR_ENTROPY, cfg.baseline_steps)
     if cfg.entropy_ratio is None or now is None or not base or base < 0:
         return None
-    ratio = now / base
-    if ratio >= cfg.entropy_ratio:
+    if now >= cfg.entropy_ratio * base:
         return None
+    ratio = now / base
     return Alarm(
         "entropy",
         ratio,
@@ -191,7 +191,7 @@ def grad_norm_spike(run: SoFar, cfg: AlarmsConfig) -> Alarm | None:
     if cfg.grad_norm_ratio is None or now is None or not before:
         return None
     median = statistics.median(before)
-    if median <= 0 or now / median <= cfg.grad_norm_ratio:
+    if median <= 0 or now <= cfg.grad_norm_ratio * median:
         return None
     return Alarm(
         "grad_norm",

@@ -52,6 +52,20 @@ def test_reward_mean_is_over_completed_samples_before_filtering() -> None:
     assert math.isnan(rollout_metrics([no_score])["rollout/reward_mean"])
 
 
+def test_reward_components_are_averaged_over_the_samples_that_report_them() -> None:
+    g = group("c", scores=(1.0, 0.5, 0.0))
+    g[0].reward["components"] = {"format": 0.75, "correct": 0.25}
+    g[1].reward["components"] = {"format": 0.25, "correct": math.nan}  # not finite: left out
+    g[2].fail("reward: timeout")  # FAILED: left out
+    g[2].reward["components"] = {"format": 100.0}
+    m = rollout_metrics([g])
+    assert m["rollout/reward_components/format"] == 0.5  # (0.75 + 0.25) / 2
+    assert m["rollout/reward_components/correct"] == 0.25
+    assert not any(
+        k.startswith("rollout/reward_components/") for k in rollout_metrics([group("d")])
+    )
+
+
 def test_metrics_keys_and_values() -> None:
     r = ProduceBatchResult(
         groups=[group("a"), group("b")],
