@@ -1,5 +1,5 @@
 """Health alarms: signals that a run is going wrong, read from the figures every step
-already logs (``trainer.alarms``; docs/metrics.md#alarms).
+already logs (``trainer.alarms``; docs/metrics.md#health-alarms).
 
 Each rule is a small pure function over the run so far (``SoFar``: the train metrics of
 each step, the current step last, and the evaluations' accuracies) returning the

@@ -288,8 +288,8 @@ class OptimizerConfig:
     init_from_checkpoint: bool = False
 
 
-# trainer.alarms: the health alarms app/alarms.py computes each step (docs/metrics.md#alarms);
-# a test keeps the two equal
+# trainer.alarms: the health alarms app/alarms.py computes each step
+# (docs/metrics.md#health-alarms); a test keeps the two equal
 ALARM_NAMES = (
     "length", "truncation", "entropy", "reward_hacking", "reward_component", "mismatch",
     "grad_norm",
