@@ -29,7 +29,9 @@ SFT_ROWS, TEST_ROWS = 3000, 300
 
 
 def sums_problems() -> tuple[list[Problem], list[Problem]]:
-    """(train, test) problems of the warm start, each answer in the demo's ``#### n`` form."""
+    """(train, test) problems of the warm start, each answered in the demo's form,
+    ``"6 + 2 = 8\n#### 8"``: the working first teaches the tiny model to copy the operands
+    (answering ``#### 8`` alone it stays near 0.05 greedy accuracy for 60 steps)."""
     cfg = ReasoningGymConfig(
         dataset="basic_arithmetic",
         size=SFT_ROWS,
@@ -45,4 +47,5 @@ def sums_problems() -> tuple[list[Problem], list[Problem]]:
 
 
 def _problem(row: dict) -> Problem:
-    return Problem(row["question"], f"#### {row['answer']}")
+    expression = row["reasoning_gym"]["entry"]["metadata"]["expression"]
+    return Problem(row["question"], f"{expression} = {row['answer']}\n#### {row['answer']}")

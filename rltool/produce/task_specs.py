@@ -43,8 +43,8 @@ class TaskSpec:
     def sources(self) -> str:
         """What the rows come from, for messages: the files, or the generator."""
         if self.generator is not None:
-            return f"{RG_PRESET}:{self.generator.dataset}"
-        return str(self.train_files)
+            return f"generator {RG_PRESET}:{self.generator.dataset}"
+        return f"files {self.train_files}"
 
 
 def default_task_name(loop: AgentLoopConfig) -> str:
@@ -162,9 +162,7 @@ def load_task_data(
     for spec in task_specs(recipe):
         train = _load(spec, spec.train_files, fit, evaluation=False)
         if not train:
-            raise ValueError(
-                f"task {spec.name!r}: the training rows {spec.sources} hold no records"
-            )
+            raise ValueError(f"task {spec.name!r}: the training {spec.sources} hold no records")
         evals = _load(spec, spec.eval_files, fit, evaluation=True)
         out[spec.name] = (train, evals[:limit] if limit else evals)
     return out
@@ -175,9 +173,8 @@ def _load(spec: TaskSpec, files: list[str], fit: FileFit | None, evaluation: boo
 
     if spec.generator is not None:
         located = generator_located(spec, evaluation)
-        return (
-            [r for _, r in located] if fit is None else fit(spec, spec.sources, located, evaluation)
-        )
+        name = f"{RG_PRESET}:{spec.generator.dataset}"  # what prompt_fit's report names
+        return [r for _, r in located] if fit is None else fit(spec, name, located, evaluation)
     rows: list[dict] = []
     for path in files:
         located = load_located([path], spec.fields)
