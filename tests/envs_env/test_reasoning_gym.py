@@ -190,3 +190,22 @@ def test_evaluation_accuracy_counts_exact_answers_only(tokenizer):
     metrics = loop_with(tokenizer, texts).evaluate(rows, SamplingConfig(temperature=0.0))
     assert metrics["eval/accuracy"] == pytest.approx(1 / 3)
     assert metrics["eval/n"] == 3.0
+
+
+def test_the_warm_start_rows_answer_with_their_working_from_far_off_seeds():
+    from pathlib import Path
+
+    from rltool.app.rg_warm_start import SFT_ROWS, SFT_SEED, TEST_ROWS, sums_problems
+    from rltool.config.loader import load_recipe
+    from rltool.data.reasoning_gym import split_seeds
+
+    recipe = load_recipe(Path(__file__).parents[2] / "recipes" / "reasoning_gym_sums.yaml")
+    train, held_out = split_seeds(recipe.data.reasoning_gym, "data")
+    warm = range(SFT_SEED, SFT_SEED + SFT_ROWS + TEST_ROWS)
+    assert train.stop <= warm.start and held_out.stop <= warm.start
+    assert recipe.data.reasoning_gym.config == {**SUMS}
+    sft_train, sft_test = sums_problems()
+    assert (len(sft_train), len(sft_test)) == (SFT_ROWS, TEST_ROWS)
+    entry = rg.create_dataset("basic_arithmetic", seed=SFT_SEED, size=1, **SUMS)[0]
+    expression, answer = entry["metadata"]["expression"], entry["answer"]
+    assert sft_train[0] == Problem(entry["question"], f"{expression} = {answer}\n#### {answer}")
