@@ -17,11 +17,13 @@ DATA_DIR = Path(__file__).parent / "demo" / "data"  # the shipped task files
 DEMO_NAME = "tiny-gsm8k-v2"  # v2: the smaller fact table of demo/data.py
 STUDENT_NAME = "tiny-gsm8k-student-v2"
 MOE_NAME = "tiny-gsm8k-moe-v1"  # Qwen3-MoE, 8 experts top-2: routing replay's demo
+RG_SUMS_NAME = "tiny-rg-sums-v1"  # reasoning-gym sums: the reasoning_gym recipe's warm start
 # builtin model name (``model.path: builtin:<name>``) -> cache directory name
 BUILTIN_DIRS: dict[str, str] = {
     "tiny-gsm8k": DEMO_NAME,
     "tiny-gsm8k-student": STUDENT_NAME,
     "tiny-gsm8k-moe": MOE_NAME,
+    "tiny-rg-sums": RG_SUMS_NAME,
 }
 
 

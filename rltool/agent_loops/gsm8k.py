@@ -17,21 +17,29 @@ from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.canonical import build_or_fail, check_many
 from rltool.agent_loops.evaluation import accuracy_metrics, check_evaluation, failure_metrics
 from rltool.config.schema import SamplingConfig
+from rltool.data.reasoning_gym import ROW_KEY as RG_KEY
 from rltool.engines.base import Generation
 from rltool.rewards.gsm8k import RewardResult, extract_answer, gsm8k_reward
+from rltool.rewards.reasoning_gym import reasoning_gym_reward
 from rltool.rollout.state import RolloutState, Status
 
 
 def ground_truth_of(task: dict[str, Any]) -> str:
-    """The reference answer: the number after ``####`` in the task's answer."""
+    """The reference answer: the number after ``####`` in the task's answer (a
+    reasoning-gym row's answer as it is)."""
     answer = str(task["answer"])
+    if RG_KEY in task:
+        return answer
     return extract_answer(answer) or answer.strip()
 
 
-def score_response(text: str, truth: str) -> RewardResult:
-    """The reward of one response; a reward function that raises is an error result
-    (``"<Exception>: message"``), so the sample FAILS with it and is never scored 0.0."""
+def score_response(text: str, truth: str, task: dict[str, Any] | None = None) -> RewardResult:
+    """The reward of one response: a reasoning-gym row's by its generator's
+    ``score_answer``, else the final number's; a reward function that raises is an error
+    result (``"<Exception>: message"``), so the sample FAILS with it, never scored 0.0."""
     try:
+        if task is not None and RG_KEY in task:
+            return reasoning_gym_reward(text, task[RG_KEY])
         return gsm8k_reward(text, truth)
     except Exception as exc:  # recorded on the sample and counted, never swallowed
         return RewardResult(None, "error", f"{type(exc).__name__}: {exc}")
@@ -116,7 +124,7 @@ class GSM8KLoop(AgentLoop):
             )
             for i in range(n)
         ]
-        self._check_and_reward(states)
+        self._check_and_reward(states, [t for t in tasks for _ in range(n)])
         return [states[g * n : (g + 1) * n] for g in range(len(tasks))]
 
     def _build(
@@ -151,21 +159,29 @@ class GSM8KLoop(AgentLoop):
         )
         return build_or_fail(state, gen.logprobs, self.tokenize_text)
 
-    def _check_and_reward(self, states: list[RolloutState]) -> None:
-        """The contract check of the whole batch in one call, then each sample's reward."""
+    def _check_and_reward(
+        self, states: list[RolloutState], tasks: Sequence[dict[str, Any]]
+    ) -> None:
+        """The contract check of the whole batch in one call, then each sample's reward
+        (``tasks``: each sample's row)."""
         check_many(states, self.engine.vocab_size)
-        for state in states:
+        for state, task in zip(states, tasks, strict=True):
             if state.status != Status.FAILED:
                 truth = state.extra["ground_truth"]
-                self._reward(state, score_response(state.response_text or "", truth))
+                result = score_response(state.response_text or "", truth, task)
+                self._reward(state, result, RG_KEY in task)
 
-    def _reward(self, state: RolloutState, result: RewardResult) -> RolloutState:
+    def _reward(
+        self, state: RolloutState, result: RewardResult, reasoning_gym: bool = False
+    ) -> RolloutState:
         state.reward = {
             "score": result.score,
             "status": result.status,
             "extracted": result.extracted,
             "correct": result.correct,
         }
+        if reasoning_gym:  # the generator's own figures, beside the score trained on
+            state.reward["extra"] = {"raw_score": result.score, "extracted": result.extracted}
         if result.status == "error":
             self._reward_errors += 1
             state.reward["error"] = result.error
@@ -200,7 +216,7 @@ class GSM8KLoop(AgentLoop):
             self._build(t, m, p, g, f"eval-{i}/0", f"eval-{i}")
             for i, (t, m, p, g) in enumerate(zip(tasks, messages, prompts, gens, strict=True))
         ]
-        self._check_and_reward(samples)
+        self._check_and_reward(samples, tasks)
         reward_errors, self._reward_errors = self._reward_errors, kept
         correct = np.array(  # [N]
             [s.status == Status.COMPLETED and bool(s.reward.get("correct")) for s in samples],

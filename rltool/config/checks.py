@@ -117,6 +117,17 @@ RANGES: dict[str, Range] = {
     "data.group_size": at_least(1),
     "data.eval_limit": at_least(0),
     "tasks[*].weight": at_least(0),
+    # reasoning-gym rows (data/reasoning_gym.py): row i of a split is drawn with seed + i
+    **{
+        f"{where}.reasoning_gym.{key}": rule
+        for where in ("data", "tasks[*]")
+        for key, rule in (
+            ("size", at_least(1)),
+            ("seed", Range(low=0, high=2**32, high_open=True)),
+            ("eval_size", at_least(0)),
+            ("eval_seed", Range(low=0, high=2**32, high_open=True, null=True)),
+        )
+    },
     "produce.oversample": at_least(0),
     "produce.max_inflight_steps": at_least(1),
     "distill.top_k": at_least(1),
@@ -218,6 +229,9 @@ NAMES: dict[str, Names] = {
     "produce.buffer_order": one_of("fifo", "stalest"),
     "produce.expired": one_of("retry", "drop"),
     "data.too_long": one_of("skip", "error"),  # produce/prompt_fit.py
+    # where a reasoning-gym answer is found (rewards/reasoning_gym.py)
+    "data.reasoning_gym.answer_format": one_of("answer_tag", "gsm8k"),
+    "tasks[*].reasoning_gym.answer_format": one_of("answer_tag", "gsm8k"),
     "distill.mode": one_of("topk", "sampled"),
     "optimizer.schedule": one_of("constant", "cosine", "linear"),
     "distributed.strategy": one_of("full_shard", "shard_grad_op"),
@@ -260,6 +274,8 @@ FREE_TEXT = (
         "train_files[*]", "eval_files[*]", "prompt_key", "answer_key", "task_key"
     )),
     "tasks[*].name",
+    "data.reasoning_gym.dataset",  # checked against reasoning-gym's own list in preflight
+    "tasks[*].reasoning_gym.dataset",
     "distill.teacher_path",
     "logging.run_dir",
     "logging.name",

@@ -115,6 +115,22 @@ class AgentLoopConfig:
 
 
 @dataclass
+class ReasoningGymConfig:
+    """``data.reasoning_gym`` (or ``tasks[i].reasoning_gym``): the rows of a reasoning-gym
+    generator, read when the preset is ``reasoning_gym`` (docs/environments.md)."""
+
+    dataset: str = ""  # the generator's name (reasoning_gym.create_dataset), e.g. chain_sum
+    size: int = 1000  # training rows: row i is drawn with seed + i
+    seed: int = 0
+    eval_size: int = 200  # held-out rows, drawn with eval_seed + i
+    eval_seed: int | None = None  # None = seed + size; the two seed ranges must not overlap
+    # where the answer is in a response: answer_tag (<answer>...</answer>, reasoning-gym's
+    # prompts) | gsm8k (after the last ####, the demo model's format)
+    answer_format: str = "answer_tag"
+    config: dict[str, Any] = field(default_factory=dict)  # the generator's own config
+
+
+@dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=lambda: ["builtin:gsm8k_tiny/train.jsonl"])
     eval_files: list[str] = field(default_factory=lambda: ["builtin:gsm8k_tiny/test.jsonl"])
@@ -123,7 +139,8 @@ class DataConfig:
     eval_limit: int = 200  # held-out problems per evaluation (0 = all)
     shuffle: bool = True
     # where a record's fields come from: a preset (gsm8k | verl) and dotted paths that
-    # override it; docs/foundations.md#task-records
+    # override it; docs/foundations.md#task-records. reasoning_gym: the rows come from the
+    # generator of data.reasoning_gym, not from train_files/eval_files
     preset: str = ""  # "" = gsm8k: question, answer
     prompt_key: str = ""  # a string, or chat messages (verl: prompt)
     answer_key: str = ""  # the ground truth (verl: reward_model.ground_truth)
@@ -131,6 +148,7 @@ class DataConfig:
     # a prompt too long for the model's context with max_new_tokens after it: skip
     # (dropped, counted per file) | error (refused before the model loads)
     too_long: str = "skip"
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
 
 @dataclass
@@ -147,6 +165,7 @@ class TaskConfig:
     prompt_key: str = ""
     answer_key: str = ""
     task_key: str = ""
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)  # preset
 
 
 @dataclass

@@ -27,6 +27,8 @@ class FieldMap:
 PRESETS: dict[str, FieldMap] = {
     "gsm8k": FieldMap("question", "answer", ""),
     "verl": FieldMap("prompt", "reward_model.ground_truth", "data_source"),
+    # rows drawn from a generator (data/reasoning_gym.py), already canonical
+    "reasoning_gym": FieldMap("question", "answer", ""),
 }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from rltool.agent_loops.base import AGENT_LOOPS, AgentLoop
 from rltool.data.mapping import FieldMap
-from rltool.produce.task_specs import TASK_NAME_OPTION, TaskSpec
+from rltool.produce.task_specs import TASK_NAME_OPTION, TaskSpec, generator_located
 
 MAX_RECORDS_NAMED = 3  # bad records named per data file; the rest are counted
 
@@ -49,9 +49,22 @@ def task_problems(spec: TaskSpec) -> list[str]:
     except ValueError as exc:
         return [str(exc)]  # the loop's own checks would misread options it does not take
     problems = list(loop_cls.preflight(options))
+    if spec.generator is not None:
+        return problems + generator_problems(loop_cls, spec)
     for path in dict.fromkeys([*spec.train_files, *spec.eval_files]):
         problems += data_file_problems(loop_cls, path, spec.fields)
     return problems
+
+
+def generator_problems(loop_cls: type[AgentLoop], spec: TaskSpec) -> list[str]:
+    """A generator task's rows can be drawn (its package installed, its config valid, the
+    seed ranges disjoint) and its loop reads them."""
+    try:
+        rows = [*generator_located(spec, False), *generator_located(spec, True)]
+    except ValueError as exc:
+        return [str(exc)]
+    bad = [p for where, r in rows if (p := loop_cls.record_problem(r, where)) is not None]
+    return bad[:MAX_RECORDS_NAMED]
 
 
 def data_file_problems(
