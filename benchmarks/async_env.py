@@ -13,6 +13,13 @@ repository root in the environment that has openenv-core (bash scripts/envs_env.
 Both runs share the recipe, seed and budget; the held-out score is the greedy evaluation on
 the same eval rows after each run. On a shared machine timings are noisy: the script prints
 ``uptime`` before and after; compare the ratios of one invocation.
+
+One short run (2026-12-02, ``--budget-s 90 --eval-limit 32``, 2 cores shared with other
+jobs, load average 5.9-11 at the start): sync 2 steps, 0.021 steps/s; async 4 steps,
+0.031 steps/s (1.49x); env step 0.22 s both; held-out score 0.000 sync, 0.469 async. With
+a 3M-parameter model on a loaded CPU the training step (24-29 s) dominates and the
+environment's 4 x 0.2 s a step is a small part: the overlap of generation with training is
+what async gains here; a run this short says little about the score.
 """
 
 from __future__ import annotations
