@@ -232,3 +232,13 @@ def test_evaluate_scores_one_episode_per_task(tokenizer, server):
     metrics = loop.evaluate([TASK, other], SamplingConfig(temperature=0.0, max_new_tokens=8))
     assert random.Random(0).randint(1, 9) != SECRET
     assert metrics["eval/n"] == 2.0 and metrics["eval/accuracy"] == pytest.approx(0.5)
+
+
+def test_an_app_that_cannot_start_is_an_error_with_the_servers_output(tokenizer):
+    with pytest.raises(ValueError) as info:
+        make_loop(tokenizer, [5], app="no_such_module:app", app_dir=str(HERE))
+    message = str(info.value)
+    assert message.startswith(
+        "agent_loop.options.app: the server of 'no_such_module:app' exited with"
+    )
+    assert 'Could not import module "no_such_module"' in message
