@@ -27,6 +27,8 @@ PACKAGE = ROOT / "rltool"
 SEPARATE_ENVIRONMENTS = {"vllm": "scripts/vllm_env.sh", "verl": "scripts/verl_env.sh"}
 # A distribution that a declared one pins exactly, so declaring it would only repeat the pin.
 COVERED_BY = {"pydantic-core": "pydantic"}
+# A module whose distribution has another name, for where it is not installed to be looked up.
+DISTRIBUTION_OF = {"openenv": "openenv-core"}
 # Modules that are only ever loaded inside a separate environment, never by rltool's
 # imports, so their top-level import of that environment's package is no risk.
 LOADED_ONLY_THERE = {
@@ -59,7 +61,7 @@ def _installed() -> dict[str, list[str]]:
 def _distributions(module: str) -> list[str]:
     """The distributions that provide a top-level module (as installed; else the module's
     own name, the usual spelling)."""
-    return [_norm(d) for d in _installed().get(module, [module])]
+    return [_norm(d) for d in _installed().get(module, [DISTRIBUTION_OF.get(module, module)])]
 
 
 def _is_lazy(parents: list[ast.AST]) -> bool:

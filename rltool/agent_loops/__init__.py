@@ -1,1 +1,1 @@
-"""Agent loops: tasks in, canonical RolloutStates out (gsm8k, localhost, sandbox, verl)."""
+"""Agent loops: tasks in, canonical RolloutStates out (gsm8k, localhost, openenv, sandbox, verl)."""

@@ -27,6 +27,7 @@ AGENT_LOOPS: Registry[type[AgentLoop]] = Registry(
     builtin_modules=[
         "rltool.agent_loops.gsm8k",
         "rltool.agent_loops.localhost",
+        "rltool.agent_loops.openenv",
         "rltool.agent_loops.sandbox",
         "rltool.agent_loops.verl",
     ],
