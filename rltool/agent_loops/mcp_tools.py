@@ -347,7 +347,11 @@ class McpOptions:
 
 
 def mcp_options(
-    servers: Any, tool_timeout_s: float, start_timeout_s: float, agent: Any, agent_path: str
+    servers: Any,
+    tool_timeout_s: float,
+    start_timeout_s: float,
+    agent: Any = None,
+    agent_path: str = "",
 ) -> McpOptions | None:
     """The checked options (None without ``mcp_servers``); the agent must take ``tools``."""
     if servers is None:
@@ -360,7 +364,8 @@ def mcp_options(
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ValueError(f"agent_loop.options.{key} must be seconds > 0, got {value!r}")
     try:
-        inspect.signature(agent).bind(None, None, None)
+        if agent is not None:  # the sandbox loop's agent is a command, not a callable
+            inspect.signature(agent).bind(None, None, None)
     except TypeError as exc:
         raise ValueError(
             f"agent_loop.options.agent: with mcp_servers the agent is called as "
