@@ -6,7 +6,10 @@ the next call starts it afresh."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +168,35 @@ def test_a_server_that_cannot_start_fails_the_calls_samples_with_its_reason(toke
     assert [s.status for s in group] == [Status.FAILED] * 2
     assert all(s.error.startswith("mcp: server 'bad' did not start") for s in group)
     assert loop.pop_metrics()["mcp/start_failures"] == 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_url_server_is_connected_to_and_one_that_is_down_does_not_start():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rltool.agents.mcp_calculator", "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until it listens
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        with McpConnections(parse_mcp_servers([url]), 5.0, 60.0) as conn:
+            tools = McpTools(conn, Counts())
+            assert [t["function"]["name"] for t in tools.schemas] == ["calculator"]
+            assert tools.call("calculator", {"expression": "6 * 7"}) == "6 * 7 = 42"
+    finally:
+        server.terminate()
+        server.wait(10)
+    with pytest.raises(RuntimeError, match=rf"mcp: server '{url}' did not start"):
+        McpConnections(parse_mcp_servers([url]), 5.0, 60.0).__enter__()
