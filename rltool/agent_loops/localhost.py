@@ -29,13 +29,8 @@ from jinja2 import TemplateError
 from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
-from rltool.agent_loops.mcp_tools import (
-    McpTools,
-    mcp_metrics,
-    mcp_options,
-    mcp_problems,
-    open_tools,
-)
+from rltool.agent_loops.mcp_options import mcp_metrics, mcp_options, mcp_problems
+from rltool.agent_loops.mcp_tools import McpTools, open_tools
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
 from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export

@@ -32,7 +32,8 @@ from rltool.agent_loops.localhost import (
     session_tokenizer,
 )
 from rltool.agent_loops.mcp_bridge import MCP_SOCKET, McpBridge
-from rltool.agent_loops.mcp_tools import mcp_metrics, mcp_options, mcp_problems, open_tools
+from rltool.agent_loops.mcp_options import mcp_metrics, mcp_options, mcp_problems
+from rltool.agent_loops.mcp_tools import open_tools
 from rltool.agent_loops.sandbox_task import (
     CodingTask,
     agent_error,

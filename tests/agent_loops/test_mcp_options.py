@@ -13,7 +13,12 @@ import pytest
 from cli_runner import wide_environ
 
 import rltool.app.run as run_mod
-from rltool.agent_loops.mcp_tools import McpServerSpec, mcp_options, mcp_problems, parse_mcp_servers
+from rltool.agent_loops.mcp_options import (
+    McpServerSpec,
+    mcp_options,
+    mcp_problems,
+    parse_mcp_servers,
+)
 from rltool.app.run import build_run
 from rltool.config.loader import load_recipe
 

@@ -20,12 +20,8 @@ from agent_loops.loop_fakes import ContextEngine, decode, spans
 
 from rltool.agent_loops.base import LoopContext
 from rltool.agent_loops.localhost import LocalhostLoop
-from rltool.agent_loops.mcp_tools import (
-    McpConnections,
-    McpServerDied,
-    McpTools,
-    parse_mcp_servers,
-)
+from rltool.agent_loops.mcp_options import parse_mcp_servers
+from rltool.agent_loops.mcp_tools import McpConnections, McpServerDied, McpTools
 from rltool.config.schema import SamplingConfig
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.rollout.contract import check_sample
