@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
 from rltool.agent_loops.mcp_options import McpOptions, McpServerSpec
@@ -76,9 +76,13 @@ class McpConnections:
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rltool-mcp", daemon=True
         )
-        self._ready: asyncio.Future[None] | None = None
-        self._close: asyncio.Event | None = None
+        # made before the loop runs, so no thread races it; set and awaited on the loop only
+        self._ready: asyncio.Future[None] = self._loop.create_future()
+        self._close = asyncio.Event()
         self._owner_task: Any = None
+        self._task: asyncio.Task[None] | None = None  # the owner, on the loop
+        self._cancelled = False  # set on the loop: stop starting
+        self._done = threading.Event()  # the owner has left every client
         self._started = False
 
     def __enter__(self) -> McpConnections:
@@ -101,31 +105,30 @@ class McpConnections:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._started:
-            self._loop.call_soon_threadsafe(self._close.set)
-        else:  # still starting: cancelling the owner unwinds what it entered
-            self._owner_task.cancel()
-        try:
-            self._owner_task.result(30.0)  # stdio_client stops each process (stdin, then kill)
-        except BaseException as err:  # a start error was raised by __enter__ already
-            if self._started:
-                log.warning("mcp: stopping the servers: %r", err)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10.0)
+        # still starting: the owner is cancelled on the loop and unwinds what it entered
+        # (a concurrent future's cancel() would return before that unwinding ran)
+        stop = self._close.set if self._started else self._cancel_owner
+        self._loop.call_soon_threadsafe(stop)
+        self._done.wait(30.0)  # stdio_client stops each process (stdin, then kill)
+        if self._started and self._owner_task.done() and self._owner_task.exception():
+            log.warning("mcp: stopping the servers: %r", self._owner_task.exception())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10.0)
+
+    def _cancel_owner(self) -> None:
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
 
     async def _wait_ready(self) -> None:
-        while self._ready is None:
-            await asyncio.sleep(0.01)
         await asyncio.shield(self._ready)
 
     async def _own(self) -> None:
         """Enters every client and leaves them in this one task (anyio's scopes require it)."""
-        from contextlib import AsyncExitStack
-
-        self._ready = self._loop.create_future()
-        self._close = asyncio.Event()
+        self._task = asyncio.current_task()
         try:
+            if self._cancelled:
+                raise asyncio.CancelledError
             async with AsyncExitStack() as stack:
                 for spec in self.specs:
                     await self._start(stack, spec)
@@ -135,8 +138,10 @@ class McpConnections:
             if not self._ready.done():
                 self._ready.set_exception(exc)
             raise
+        finally:
+            self._done.set()
 
-    async def _start(self, stack: Any, spec: McpServerSpec) -> None:
+    async def _start(self, stack: AsyncExitStack, spec: McpServerSpec) -> None:
         from mcp.client import Client
         from mcp.client.stdio import StdioServerParameters, stdio_client
 

@@ -6,6 +6,7 @@ the next call starts it afresh."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -196,3 +197,28 @@ def test_a_url_server_is_connected_to_and_one_that_is_down_does_not_start():
         server.wait(10)
     with pytest.raises(RuntimeError, match=rf"mcp: server '{url}' did not start"):
         McpConnections(parse_mcp_servers([url]), 5.0, 60.0).__enter__()
+
+
+def test_a_server_that_never_answers_fails_to_start_within_the_timeout_and_is_stopped(tmp_path):
+    marker = tmp_path / "hang-marker"  # in the hanging server's argv: found in /proc while it lives
+    hang = {
+        "name": "hang",
+        "command": [sys.executable, "-c", "import time; time.sleep(120)", str(marker)],
+    }
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"mcp: the servers did not start within 2 s"):
+        McpConnections(parse_mcp_servers([hang]), 1.0, 2.0).__enter__()
+    assert time.monotonic() - started < 30
+    living = [
+        pid
+        for pid in filter(str.isdigit, os.listdir("/proc"))
+        if str(marker).encode() in _cmdline(pid)
+    ]
+    assert living == []
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
