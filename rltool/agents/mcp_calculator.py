@@ -2,8 +2,8 @@
 
 Server: ``python -m rltool.agents.mcp_calculator`` serves one tool, ``calculator``, over
 stdio (``--http PORT``: streamable HTTP on 127.0.0.1), evaluating with ``calculate``, the
-calculator agent's safe evaluator; a refused expression is a ``ToolError`` (the only
-error mcp 2.x hands to the caller as an error result). ``mcp`` is imported when serving.
+calculator agent's safe evaluator; a refused expression raises ``ToolError``, which the
+client receives as an error result carrying the reason. ``mcp`` is imported when serving.
 
 Agent: ``run(client, task, tools)``, the calculator agent's episode with the tools coming
 from the MCP servers: the model's tool calls run through ``tools``; an answer with no tool
