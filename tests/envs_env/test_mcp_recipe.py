@@ -44,10 +44,11 @@ def test_mcp_recipe_trains_dumps_validates_and_masks_tool_turns(tmp_path):
     assert validate.returncode == 0 and "0 errors" in validate.stdout, validate.stdout[-3000:]
     statuses = [json.loads(line)["status"] for d in dumps for line in d.open()]
     assert statuses.count("COMPLETED") > 0
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    assert sum(m.get("mcp/tool_calls", 0) for m in metrics) > 0  # the calls went through MCP
+    steps = [m for m in map(json.loads, (run / "metrics.jsonl").open()) if "mcp/tool_calls" in m]
+    assert len(steps) == 3  # every step ran with its MCP server, which started and never died
+    assert all(m["mcp/start_failures"] == m["mcp/server_deaths"] == 0 for m in steps)
     tokenizer = AutoTokenizer.from_pretrained(demo_cache_dir(), local_files_only=True)
-    gaps = 0
+    gaps = mcp_results = 0
     for dump in dumps:  # shifted targets: answer, masked MCP result or feedback, answer
         inspect = subprocess.run(
             [*RLTOOL, "inspect-batch", str(dump), "--format", "json"], cwd=REPO, env=env,
@@ -61,4 +62,10 @@ def test_mcp_recipe_trains_dumps_validates_and_masks_tool_turns(tmp_path):
                 masked = tokenizer.decode(ids[end + 1 : start + 1].tolist())
                 assert "calculator:" in masked or "<tool_response>" in masked, masked
                 gaps += 1
+                # an MCP answer: a tool result, or the feedback on an expression it evaluated
+                tool_results = masked.count("<tool_response>")
+                feedback = "calculator: " in masked and "no expression found" not in masked
+                mcp_results += tool_results or int(feedback)
     assert gaps > 0
+    # the dumps hold the trained groups only: at most the calls the steps made went through MCP
+    assert mcp_results <= sum(m["mcp/tool_calls"] for m in steps)
