@@ -2,7 +2,9 @@
 
 ``options.agent`` and ``options.judger`` are import paths: ``agent(client, task)`` runs
 with an OpenAI client bound to its own session, ``judger(task, output)`` scores it; each
-session is exported with its reward. Design: docs/agent-loops.md#the-localhost-loop
+session is exported with its reward. With ``options.mcp_servers`` the agent is called as
+``agent(client, task, tools)``, ``tools`` the MCP servers' (``mcp_tools.McpTools``).
+Design: docs/agent-loops.md#the-localhost-loop
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from jinja2 import TemplateError
 from rltool import metric_names as mn
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
+from rltool.agent_loops.mcp_options import mcp_metrics, mcp_options, mcp_problems
+from rltool.agent_loops.mcp_tools import McpTools, open_tools
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
 from rltool.sessions import TOOL_CHAT_TEMPLATE, Session, SessionServer, export
@@ -257,6 +261,9 @@ class LocalhostLoop(AgentLoop):
         request_timeout_s: float = 600.0,
         honor_sampling: bool = False,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        mcp_servers: Sequence[Any] | None = None,
+        mcp_tool_timeout_s: float = 30.0,
+        mcp_start_timeout_s: float = 60.0,
     ):
         try:
             import openai
@@ -271,6 +278,9 @@ class LocalhostLoop(AgentLoop):
         self._openai = openai
         self.agent = load_callable(agent, "agent")
         self.judger = load_callable(judger, "judger")
+        self.mcp = mcp_options(
+            mcp_servers, mcp_tool_timeout_s, mcp_start_timeout_s, self.agent, agent
+        )
         self.max_concurrent = max_concurrent
         self.request_timeout_s = request_timeout_s
         self.honor_sampling = honor_sampling
@@ -280,10 +290,13 @@ class LocalhostLoop(AgentLoop):
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
-        """openai installed; the agent and the judger the options name importable."""
+        """openai installed; the agent and the judger the options name importable; the MCP
+        client and the servers' programs when ``mcp_servers`` is set."""
         problems = []
         if importlib.util.find_spec("openai") is None:
             problems.append(OPENAI_MISSING)
+        if options.get("mcp_servers") is not None:
+            problems += mcp_problems(options["mcp_servers"])
         for option in ("agent", "judger"):
             if isinstance(options.get(option), str):
                 try:
@@ -311,10 +324,12 @@ class LocalhostLoop(AgentLoop):
         # an SSL context each (~0.4 s of CPU). Closed before the server stops, so no
         # keep-alive connection (and its server thread) outlives the call.
         http = self._openai.DefaultHttpxClient(timeout=self.request_timeout_s)
-        with self._server(sampling or self.sampling) as server, http:
+        # MCP servers per call too, shared by its sessions (docs/agent-loops.md#mcp-tools)
+        mcp = open_tools(self.mcp)
+        with self._server(sampling or self.sampling) as server, http, mcp as tools:
             workers = min(self.max_concurrent, len(jobs))
             with ThreadPoolExecutor(workers, thread_name_prefix="rltool-agent") as pool:
-                flat = list(pool.map(lambda job: self._run_session(server, http, job), jobs))
+                flat = list(pool.map(lambda j: self._run_session(server, http, j, tools), jobs))
             self.counters.add(generate_calls=server.batcher.calls)
         return regroup(flat, n)
 
@@ -331,7 +346,9 @@ class LocalhostLoop(AgentLoop):
         with server:
             yield server
 
-    def _run_session(self, server: SessionServer, http: Any, job: _Job) -> list[RolloutState]:
+    def _run_session(
+        self, server: SessionServer, http: Any, job: _Job, mcp: Any = None
+    ) -> list[RolloutState]:
         server.open_session(job.session_id)
         client = self._openai.OpenAI(
             base_url=server.base_url(job.session_id),
@@ -340,11 +357,18 @@ class LocalhostLoop(AgentLoop):
             timeout=self.request_timeout_s,
             http_client=http,  # shared: not closed per session
         )
+        tools = None if mcp is None else McpTools(mcp, self.counters)
         output, error = None, None
         try:
-            output = self.agent(client, job.task)
+            if tools is None:
+                output = self.agent(client, job.task)
+            elif tools.failure is None:  # else the call's MCP servers did not start
+                output = self.agent(client, job.task, tools)
         except Exception as exc:  # the agent's failure is recorded on its samples, counted
             error = f"agent: {error_text(exc)}"
+        if tools is not None and tools.failure is not None:  # counted by McpTools
+            error = tools.failure
+        elif error is not None:
             self.counters.add(agent_errors=1)
             log.warning("session %s: %s", job.session_id, error)
         session = server.close_session(job.session_id)
@@ -363,8 +387,10 @@ class LocalhostLoop(AgentLoop):
             return None, f"reward: judger raised {error_text(exc)}"
 
     def pop_metrics(self) -> dict[str, float]:
-        """Since the last call: agent/reward errors, sessions, turns and batching figures."""
-        return session_metrics(self.counters.pop())
+        """Since the last call: agent/reward errors, sessions, turns and batching figures
+        (and ``mcp/*`` with MCP servers)."""
+        counts = self.counters.pop()
+        return {**session_metrics(counts), **(mcp_metrics(counts) if self.mcp else {})}
 
     def evaluate(
         self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig

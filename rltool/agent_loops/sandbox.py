@@ -31,6 +31,9 @@ from rltool.agent_loops.localhost import (
     session_states,
     session_tokenizer,
 )
+from rltool.agent_loops.mcp_bridge import MCP_SOCKET, McpBridge
+from rltool.agent_loops.mcp_options import mcp_metrics, mcp_options, mcp_problems
+from rltool.agent_loops.mcp_tools import open_tools
 from rltool.agent_loops.sandbox_task import (
     CodingTask,
     agent_error,
@@ -43,6 +46,7 @@ from rltool.agent_loops.sandbox_task import (
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
 from rltool.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxSpec, default_env
+from rltool.sandbox.bwrap import grant_socket_access
 from rltool.sandbox.probe import sandbox_problems
 from rltool.sessions import SessionServer
 from rltool.sessions.server import DEFAULT_MAX_BODY_BYTES
@@ -138,6 +142,9 @@ class SandboxLoop(AgentLoop):
         work_parent: str | None = None,
         honor_sampling: bool = False,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        mcp_servers: Sequence[Any] | None = None,
+        mcp_tool_timeout_s: float = 30.0,
+        mcp_start_timeout_s: float = 60.0,
     ):
         if max_concurrent < 1:
             raise ValueError(
@@ -163,6 +170,7 @@ class SandboxLoop(AgentLoop):
         )
         self.work_parent = None if work_parent is None else Path(work_parent)
         self.honor_sampling = honor_sampling
+        self.mcp = mcp_options(mcp_servers, mcp_tool_timeout_s, mcp_start_timeout_s)
         self.server_tokenizer = session_tokenizer(ctx.tokenizer)
         self.counters = LoopCounters()
         # shown (a warning) when the agent sandboxes together could exhaust this machine
@@ -180,6 +188,8 @@ class SandboxLoop(AgentLoop):
         """bubblewrap and util-linux, a sandbox that starts, the interpreter, the agent
         script and the work dirs' parent the options name."""
         problems = sandbox_problems()
+        if options.get("mcp_servers") is not None:
+            problems += mcp_problems(options["mcp_servers"])
         for check, option, default in (
             (sandbox_python, "python", "auto"),
             (resolve_script, "agent_script", DEFAULT_AGENT_SCRIPT),
@@ -243,14 +253,21 @@ class SandboxLoop(AgentLoop):
                     max_body_bytes=self.max_body_bytes,
                 )
             )
+            bridge = None
+            if self.mcp is not None:  # the call's MCP servers, on a socket of their own
+                tools = stack.enter_context(open_tools(self.mcp))
+                bridge = stack.enter_context(McpBridge(tools, self.counters, sock_dir / "mcp.sock"))
+                grant_socket_access(bridge.socket_path)
             pool = stack.enter_context(SandboxPool(self.max_concurrent))
             workers = min(self.max_concurrent, len(jobs))
             with ThreadPoolExecutor(workers, thread_name_prefix="rltool-sandbox") as threads:
-                flat = list(threads.map(lambda job: self._run_session(server, pool, job), jobs))
+                flat = list(
+                    threads.map(lambda job: self._run_session(server, pool, job, bridge), jobs)
+                )
             self.counters.add(generate_calls=server.batcher.calls)
         return regroup(flat, n)
 
-    def _spec(self, server: SessionServer, job: _Job) -> SandboxSpec:
+    def _spec(self, server: SessionServer, job: _Job, mcp_url: str | None) -> SandboxSpec:
         info = {
             "prompt": job.task.prompt,
             "solution_file": job.task.solution_file,
@@ -262,31 +279,39 @@ class SandboxLoop(AgentLoop):
             "RLTOOL_BASE_URL": f"http://localhost{server.session_path(job.session_id)}",
             "RLTOOL_TASK_FILE": f"/work/{TASK_FILE}",
         }
+        binds = list(self.agent_binds)
+        if mcp_url is not None:  # the session's MCP tools: docs/agent-loops.md#mcp-tools
+            env |= {"RLTOOL_MCP_SOCKET": MCP_SOCKET, "RLTOOL_MCP_URL": mcp_url}
+            binds.append((server.unix_socket.parent / "mcp.sock", MCP_SOCKET))
         return SandboxSpec(
             command=self.agent_command,
             files={**job.task.files, TASK_FILE: json.dumps(info)},
             env=env,
             limits=self.limits,
-            ro_binds=self.agent_binds,
+            ro_binds=binds,
             socket_path=server.unix_socket,
             work_parent=self.work_parent,
         )
 
     def _run_session(
-        self, server: SessionServer, pool: SandboxPool, job: _Job
+        self, server: SessionServer, pool: SandboxPool, job: _Job, bridge: McpBridge | None
     ) -> list[RolloutState]:
         server.open_session(job.session_id)
+        tools, mcp_url = bridge.open(job.session_id) if bridge else (None, None)
         run, error = None, None
         try:
-            run = pool.run_check(
-                self._spec(server, job),
-                self._argv(job.task.check),
-                limits=self.check_limits,
-                ro_binds=[(job.check_dir, CHECK_DIR)],
-            )
+            if tools is None or tools.failure is None:  # else the MCP servers did not start
+                run = pool.run_check(
+                    self._spec(server, job, mcp_url),
+                    self._argv(job.task.check),
+                    limits=self.check_limits,
+                    ro_binds=[(job.check_dir, CHECK_DIR)],
+                )
         except (SandboxError, ValueError) as exc:  # setup failure: this sample only, counted
             error = f"sandbox: {exc}"
             self.counters.add(sandbox_errors=1)
+        if bridge is not None:
+            bridge.close(job.session_id)
         session = server.close_session(job.session_id)
         count_session(self.counters, session)
         reward, extra = None, {}
@@ -301,6 +326,8 @@ class SandboxLoop(AgentLoop):
             if error is None:
                 reward, error = check_reward(run)
                 self.counters.add(checks=1, checks_passed=run.passed)
+        if tools is not None and tools.failure is not None:  # a server died: no reward
+            reward, error = None, tools.failure
         return session_states(self, session, job.group_id, self.task_name, reward, error, extra)
 
     def pop_metrics(self) -> dict[str, float]:
@@ -315,6 +342,7 @@ class SandboxLoop(AgentLoop):
             / max(counts.get("checks", 0.0), 1.0),
             "sandbox/agent_wall_s_mean": counts.get("agent_wall_s", 0.0) / runs,
             "sandbox/check_wall_s_mean": counts.get("check_wall_s", 0.0) / runs,
+            **(mcp_metrics(counts) if self.mcp else {}),
         }
 
     def evaluate(

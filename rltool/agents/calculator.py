@@ -103,14 +103,21 @@ def run_tool_call(call: Any) -> str:
         return f"error: {exc}"
 
 
+def first_operation(answer: str) -> str | None:
+    """The first ``a op b`` of an answer as an expression (``x`` and ``×`` read as ``*``)."""
+    match = _FIRST_OPERATION.search(answer)
+    if match is None:
+        return None
+    a, op, b = match.groups()
+    return f"{a} {'*' if op in 'x×' else op} {b}"
+
+
 def check_feedback(answer: str) -> str:
     """The calculator's verdict on the first ``a op b`` of an answer, as a user message."""
-    match = _FIRST_OPERATION.search(answer)
+    expression = first_operation(answer)
     ask = "give the final answer as #### N"
-    if match is None:
+    if expression is None:
         return f"calculator: no expression found in your answer; write it as a + b = c, then {ask}"
-    a, op, b = match.groups()
-    expression = f"{a} {'*' if op in 'x×' else op} {b}"
     try:
         return f"calculator: {expression} = {calculate(expression)}; {ask}"
     except ValueError as exc:
