@@ -12,11 +12,13 @@ verifiers' ``subprocess``. Design: docs/agent-loops.md#the-verifiers-loop
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import logging
 import math
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -83,6 +85,43 @@ def environment_problem(environment: Any, env_dir: str) -> str | None:
             "<its directory>) or set agent_loop.options.env_dir to the directory holding it"
         )
     return None
+
+
+def lock_chat_program(timeout_s: float = 600.0) -> Path:
+    """Lock and install the null harness's chat program where verifiers' subprocess
+    runtime keeps it (``<scripts_dir>/<sha256>.py``), so a run needs no network.
+
+    verifiers runs ``uv sync --script`` before each run's first rollout; without a
+    lockfile that resolves against the package index every time. With ``<script>.lock``
+    beside it (``uv lock --script``) and the wheels in uv's cache, it installs offline.
+    Run at install time (scripts/envs_env.sh) and by the loop when the lock is missing.
+    """
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+    data = CHAT_PROGRAM_SOURCE.encode()
+    path = Path(SubprocessRuntime.scripts_dir) / f"{hashlib.sha256(data).hexdigest()}.py"
+    if path.with_name(path.name + ".lock").is_file() and path.is_file():
+        return path
+    uv = shutil.which("uv")
+    if uv is None:
+        raise ValueError(UV_MISSING)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    for verb in ("lock", "sync"):
+        done = subprocess.run(
+            [uv, verb, "--script", str(path), "-q", "--no-config"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ValueError(
+                f"uv {verb} --script {path} failed (it fetches the chat program's packages "
+                f"from the package index once): {done.stderr.strip()[-1000:]}"
+            )
+    return path
 
 
 def load_taskset(environment: str, taskset: Mapping[str, Any]) -> Any:
@@ -186,6 +225,8 @@ class VerifiersLoop(AgentLoop):
             ),
         )
         self.env = load_environment(config)
+        if harness == "null":
+            lock_chat_program()  # once per machine; then runs need no network
         self.task_cls = type(self.env.taskset).task_type()
         self.max_concurrent = max_concurrent
         self.rollout_timeout_s = float(rollout_timeout_s)
@@ -323,3 +364,7 @@ class VerifiersLoop(AgentLoop):
         self.counters.pop()
         self.counters.add(**training_counts)
         return check_evaluation(self.task_name, session_eval_metrics(groups))
+
+
+if __name__ == "__main__":  # python -m rltool.agent_loops.verifiers_env: install-time prefetch
+    print(f"verifiers chat program locked and installed: {lock_chat_program()}")

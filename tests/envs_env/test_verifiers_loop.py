@@ -136,7 +136,7 @@ def test_the_shipped_recipe_trains_and_its_dumps_validate(tmp_path, monkeypatch)
     args = [
         "train", "recipes/verifiers_arith.yaml", f"logging.run_dir={tmp_path / 'run'}",
         "trainer.steps=3", "data.prompts_per_step=1", "data.group_size=2",
-        "data.eval_files=[]", "--dump-rollouts",
+        "data.eval_limit=1", "--dump-rollouts",
     ]  # fmt: skip
     result = run_cli(args)
     assert result.exit_code == 0, result.output
