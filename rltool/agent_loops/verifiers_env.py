@@ -88,7 +88,7 @@ def environment_problem(environment: Any, env_dir: str) -> str | None:
 
 
 def lock_chat_program(timeout_s: float = 600.0) -> Path:
-    """Lock and install the null harness's chat program where verifiers' subprocess
+    """Lock and install the chat program of the null and bash harnesses where verifiers' subprocess
     runtime keeps it (``<scripts_dir>/<sha256>.py``), so a run needs no network.
 
     verifiers runs ``uv sync --script`` before each run's first rollout; without a
@@ -225,8 +225,7 @@ class VerifiersLoop(AgentLoop):
             ),
         )
         self.env = load_environment(config)
-        if harness == "null":
-            lock_chat_program()  # once per machine; then runs need no network
+        lock_chat_program()  # null and bash share it; once per machine, then runs are offline
         self.task_cls = type(self.env.taskset).task_type()
         self.max_concurrent = max_concurrent
         self.rollout_timeout_s = float(rollout_timeout_s)

@@ -140,7 +140,7 @@ def test_the_shipped_recipe_trains_and_its_dumps_validate(tmp_path, monkeypatch)
     ]  # fmt: skip
     result = run_cli(args)
     assert result.exit_code == 0, result.output
-    dumps = sorted((tmp_path / "run" / "rollouts").glob("step_*.jsonl"))
+    dumps = sorted((tmp_path / "run" / "verifiers_arith" / "rollouts").glob("step_*.jsonl"))
     assert len(dumps) == 3
     valid = run_cli(["validate-rollouts", *map(str, dumps)])
     assert valid.exit_code == 0 and "0 errors" in valid.output, valid.output
