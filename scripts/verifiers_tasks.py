@@ -3,7 +3,7 @@
 verifiers loop rebuilds the task from). The taskset's own config picks the split.
 
     python scripts/verifiers_tasks.py vf_arith --env-dir recipes/envs/vf_arith \
-        --set split=train --set size=64 --out recipes/envs/vf_arith/data/train.jsonl
+        --set split=train --set size=64 --out rltool/demo/data/vf_arith/train.jsonl
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from rltool.rollout.state import Status
 
 ROOT = Path(__file__).parents[2]
 ENV_DIR = ROOT / "recipes" / "envs" / "vf_arith"
+DATA_DIR = ROOT / "rltool" / "demo" / "data" / "vf_arith"  # builtin:vf_arith/
 M = -100
 
 BROKEN_ENV = """
@@ -64,14 +65,14 @@ def _loop(tokenizer, replies, **options) -> tuple[VerifiersLoop, ScriptedEngine]
 def test_the_shipped_data_files_are_the_tasksets_tasks():
     add_env_dir(str(ENV_DIR))
     for name, split, size in (("train", "train", 64), ("test", "eval", 16)):
-        shipped = (ENV_DIR / "data" / f"{name}.jsonl").read_text().splitlines()
+        shipped = (DATA_DIR / f"{name}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in shipped] == json.loads(
             json.dumps(task_records("vf_arith", {"split": split, "size": size}))
         )
 
 
 def test_a_tool_episode_is_recorded_token_exact_with_its_reward_components(tokenizer, tmp_path):
-    record = json.loads((ENV_DIR / "data" / "train.jsonl").read_text().splitlines()[0])
+    record = json.loads((DATA_DIR / "train.jsonl").read_text().splitlines()[0])
     answer = record["answer"]
     body = json.dumps({"name": "calculator_tools_add", "arguments": {"a": answer, "b": 0}})
     call = f"<tool_call>\n{body}\n</tool_call>"
@@ -136,7 +137,7 @@ def test_the_shipped_recipe_trains_and_its_dumps_validate(tmp_path, monkeypatch)
     args = [
         "train", "recipes/verifiers_arith.yaml", f"logging.run_dir={tmp_path / 'run'}",
         "trainer.steps=3", "data.prompts_per_step=1", "data.group_size=2",
-        "data.eval_limit=1", "--dump-rollouts",
+        "data.eval_limit=1", f"agent_loop.options.env_dir={ENV_DIR}", "--dump-rollouts",
     ]  # fmt: skip
     result = run_cli(args)
     assert result.exit_code == 0, result.output
