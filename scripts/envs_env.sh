@@ -17,4 +17,9 @@ start=$SECONDS
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q torch==2.13.0 -e '.[dev,environments]'
 "$venv/bin/python" -c "import verifiers, openenv, reasoning_gym, mcp; print('environments ok')"
+# the example verifiers environment of recipes/verifiers_arith.yaml
+"$venv/bin/python" -m pip install -q --no-deps -e recipes/envs/vf_arith
+# verifiers' chat program (run through uv per rollout): locked and installed now, so a
+# training run needs no network (rltool/agent_loops/verifiers_env.py: lock_chat_program)
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m rltool.agent_loops.verifiers_env
 echo "Environments ready in $venv ($((SECONDS - start)) s)"

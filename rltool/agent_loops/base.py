@@ -30,6 +30,7 @@ AGENT_LOOPS: Registry[type[AgentLoop]] = Registry(
         "rltool.agent_loops.openenv",
         "rltool.agent_loops.sandbox",
         "rltool.agent_loops.verl",
+        "rltool.agent_loops.verifiers_env",
     ],
 )
 

@@ -19,10 +19,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rltool.sessions.guard import SessionSlots
-from rltool.sessions.protocol import ApiError
+from rltool.sessions.protocol import ApiError, chat_chunks, sse_body, wants_stream
 
 log = logging.getLogger(__name__)
 
+_SSE_HEADERS = {"Cache-Control": "no-cache"}
 MAX_JSON_DEPTH = 64  # nesting of a request body; a chat request with tool schemas is ~10 deep
 
 
@@ -156,7 +157,13 @@ def build_app(
                 if not admitted:
                     return _too_many(sid, slots.cap)
                 body = parse_body(await read_body(request, max_body_bytes))
-                return JSONResponse(await server.chat(sid, body))
+                stream, include_usage = wants_stream(body)
+                answer = await server.chat(sid, body)
+                if not stream:
+                    return JSONResponse(answer)
+                # an error before this point is a JSON error with its status, as OpenAI's
+                events = sse_body(chat_chunks(answer, include_usage))
+                return Response(events, media_type="text/event-stream", headers=_SSE_HEADERS)
         except ApiError as exc:
             return error_response(exc)
         except ClientDisconnect:  # gone (or cut at the read deadline) before its body arrived

@@ -1,4 +1,4 @@
-"""The OpenAI Chat Completions subset the session server speaks (non-streaming).
+"""The OpenAI Chat Completions subset the session server speaks, plain or streamed (SSE).
 
 By default the distribution knobs (temperature, top_p, top_k) are the recipe's, whatever
 the agent asks. Design: docs/agent-loops.md#the-chat-completions-subset
@@ -7,6 +7,7 @@ the agent asks. Design: docs/agent-loops.md#the-chat-completions-subset
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -92,11 +93,26 @@ def _sampling(body: dict[str, Any], recipe: SamplingConfig, honor: bool) -> Samp
     return dataclasses.replace(recipe, max_new_tokens=max_new, stop=list(stop), **knobs)
 
 
+def wants_stream(body: Any) -> tuple[bool, bool]:
+    """(stream, include_usage) of a request body: whether to answer with server-sent events,
+    and whether their last chunk carries the usage (``stream_options.include_usage``)."""
+    if not isinstance(body, dict):
+        return False, False
+    stream, options = body.get("stream", False), body.get("stream_options")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, f"stream must be true or false, got {stream!r}")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object")
+    usage = bool((options or {}).get("include_usage", False))
+    return stream, stream and usage
+
+
 def parse_chat_request(body: Any, recipe: SamplingConfig, honor_sampling: bool) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    if body.get("stream"):
-        raise ApiError(400, "stream=true is not supported by the rltool session server")
+    wants_stream(body)  # checked here too: a bad stream field is a 400 before generating
     if body.get("n", 1) != 1:
         raise ApiError(400, "n must be 1: one session records one trajectory")
     messages = body.get("messages")
@@ -143,3 +159,33 @@ def chat_response(
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def chat_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A ``chat.completion`` answered as the ``chat.completion.chunk`` objects of a stream.
+    The reply is generated whole before the first chunk (the engine's batcher answers whole
+    turns), so the content comes in one chunk and each tool call in one chunk of its own."""
+    choice = response["choices"][0]
+    message = choice["message"]
+    head = {k: response[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        one = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {**head, "choices": [one]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    if message.get("content"):
+        chunks.append(chunk({"content": message["content"]}))
+    for i, call in enumerate(message.get("tool_calls") or []):
+        chunks.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": response["usage"]})
+    return chunks
+
+
+def sse_body(chunks: list[dict[str, Any]]) -> bytes:
+    """Server-sent events: one ``data:`` event per chunk, then ``data: [DONE]``."""
+    events = [f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks]
+    return ("".join(events) + "data: [DONE]\n\n").encode()

@@ -30,13 +30,13 @@ CTX = LoopContext(engine=None, tokenizer=None, sampling=SamplingConfig(), task_n
 
 
 def test_builtin_loops_are_registered_under_their_names() -> None:
-    assert AGENT_LOOPS.names() == ["gsm8k", "localhost", "openenv", "sandbox", "verl"]
+    assert AGENT_LOOPS.names() == ["gsm8k", "localhost", "openenv", "sandbox", "verifiers", "verl"]
     for name in AGENT_LOOPS.names():
         assert AGENT_LOOPS.get(name).name == name
     with pytest.raises(
         ValueError,
         match=r"^agent_loop\.name: unknown agent loop 'gsm9k'; known: gsm8k, localhost, openenv, "
-        r"sandbox, verl$",
+        r"sandbox, verifiers, verl$",
     ):
         AGENT_LOOPS.get("gsm9k")
     with pytest.raises(ValueError, match="agent loop 'gsm8k' is registered twice"):

@@ -213,8 +213,8 @@ def test_errors_reach_the_client_and_the_export(tokenizer):
         with pytest.raises(openai.NotFoundError, match="'nope' is not open"):
             nope = openai.OpenAI(base_url=f"{server.url}/s/nope/t/v1", api_key="-", max_retries=0)
             nope.chat.completions.create(model="p", messages=[USER])
-        with pytest.raises(openai.BadRequestError, match="stream=true"):
-            client.chat.completions.create(model="p", messages=[USER], stream=True)
+        with pytest.raises(openai.BadRequestError, match="stream must be true or false"):
+            client.chat.completions.create(model="p", messages=[USER], extra_body={"stream": 1})
         with pytest.raises(openai.BadRequestError, match="n must be 1"):
             client.chat.completions.create(model="p", messages=[USER], n=2)
         with pytest.raises(openai.BadRequestError, match="temperature"):
