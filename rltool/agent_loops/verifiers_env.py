@@ -5,7 +5,7 @@ subprocess against rltool's session server, which records the exact tokens.
 exports a ``Taskset``); each task record carries the task's wire data (``vf_task``,
 written by ``task_records``). Each rollout is one verifiers episode whose client is bound
 to its own session; the trace's reward components become the sample's
-``reward["extra"]``. Nothing is uploaded and no hosted sandbox is used: the runtime is
+``reward["components"]``. Nothing is uploaded and no hosted sandbox is used: the runtime is
 verifiers' ``subprocess``. Design: docs/agent-loops.md#the-verifiers-loop
 """
 
@@ -152,7 +152,8 @@ def task_records(environment: str, taskset: Mapping[str, Any]) -> list[dict[str,
 
 def trace_reward(trace: Any) -> tuple[dict[str, Any] | None, str | None]:
     """(reward, None), or (None, why) when the trace has no reward. The reward's
-    ``score`` is verifiers' weighted sum; ``extra`` holds each component's raw score."""
+    ``score`` is verifiers' weighted sum; ``components`` holds each component's raw score
+    (logged as ``rollout/reward_components/<name>``, read by the reward_component alarm)."""
     if not trace.ok or any(r is None for r in trace.rewards.values()):
         err = trace.errors[-1] if trace.errors else None
         if err is None:
@@ -165,9 +166,9 @@ def trace_reward(trace: Any) -> tuple[dict[str, Any] | None, str | None]:
     score = float(trace.reward)
     if not math.isfinite(score):
         return None, f"reward: not finite ({score})"
-    extra = {name: float(r.score) for name, r in trace.rewards.items()}
+    components = {name: float(r.score) for name, r in trace.rewards.items()}
     weights = {name: float(r.weight) for name, r in trace.rewards.items()}
-    return {"score": score, "extra": extra, "weights": weights}, None
+    return {"score": score, "components": components, "weights": weights}, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,21 +336,12 @@ class VerifiersLoop(AgentLoop):
             log.warning("session %s: %s", job.session_id, error.splitlines()[0])
         session = server.close_session(job.session_id)
         count_session(self.counters, session)
-        if reward is not None:
-            self.counters.add(**{f"component:{k}": v for k, v in reward["extra"].items()})
-            self.counters.add(scored=1)
         return session_states(self, session, job.group_id, self.task_name, reward, error, extra)
 
     def pop_metrics(self) -> dict[str, float]:
-        """Session figures as the localhost loop's, and each reward component's mean over
-        the scored episodes (``reward/component/<name>``)."""
-        counts = self.counters.pop()
-        scored = max(counts.get("scored", 0.0), 1.0)
-        out = session_metrics(counts)
-        for key, total in counts.items():
-            if key.startswith("component:"):
-                out["reward/component/" + key.removeprefix("component:")] = total / scored
-        return out
+        """Session figures as the localhost loop's (reward components are the producer's
+        ``rollout/reward_components/<name>``, from each sample's reward)."""
+        return session_metrics(self.counters.pop())
 
     def evaluate(
         self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig

@@ -22,6 +22,7 @@ from rltool.agent_loops.base import LoopContext
 from rltool.agent_loops.verifiers_env import VerifiersLoop, add_env_dir, task_records
 from rltool.config.schema import SamplingConfig
 from rltool.demo.tokenizer import train_demo_tokenizer
+from rltool.produce.result import reward_components
 from rltool.rollout.failures import count_reasons
 from rltool.rollout.io import write_rollouts
 from rltool.rollout.state import Status
@@ -82,14 +83,15 @@ def test_a_tool_episode_is_recorded_token_exact_with_its_reward_components(token
     assert state.status == Status.COMPLETED, state.error
     assert state.reward == {
         "score": 1.0,
-        "extra": {"correct": 1.0, "uses_tool": 1.0},
+        "components": {"correct": 1.0, "uses_tool": 1.0},
         "weights": {"correct": 1.0, "uses_tool": 0.0},
     }
     assert state.extra["tool_turns"] == 1 and state.extra["num_turns"] == 2
-    metrics = loop.pop_metrics()
-    assert metrics["reward/component/correct"] == 1.0
-    assert metrics["reward/component/uses_tool"] == 1.0
-    assert metrics["agent/errors"] == 0.0
+    assert reward_components([state]) == {
+        "rollout/reward_components/correct": 1.0,
+        "rollout/reward_components/uses_tool": 1.0,
+    }
+    assert loop.pop_metrics()["agent/errors"] == 0.0
     # the tool result (the MCP server's answer) is environment tokens: label -100
     ids, labels = state.input_ids.tolist(), state.labels.tolist()
     text = loop.server_tokenizer.decode(ids)
@@ -147,6 +149,6 @@ def test_the_shipped_recipe_trains_and_its_dumps_validate(tmp_path, monkeypatch)
     assert valid.exit_code == 0 and "0 errors" in valid.output, valid.output
     states = [json.loads(line) for d in dumps for line in d.read_text().splitlines()]
     assert all(s["status"] == "COMPLETED" for s in states)
-    assert all(set(s["reward"]["extra"]) == {"correct", "uses_tool"} for s in states)
+    assert all(set(s["reward"]["components"]) == {"correct", "uses_tool"} for s in states)
     labels = np.concatenate([np.asarray(s["labels"]) for s in states])
     assert (labels == M).any() and (labels != M).any()

@@ -96,7 +96,7 @@ import subprocess
 ok = 0
 for _ in range(50):
     try:
-        subprocess.Popen(['sleep', '30']); ok += 1
+        subprocess.Popen(['sleep', '987661']); ok += 1
     except BlockingIOError:
         pass
 print(ok)
@@ -145,5 +145,7 @@ def test_non_root_mode(bwrap, live_processes):
     assert ident[0] == "ok" and ident[1].split()[0] == "65534"
     assert "cannot access '/root'" in ident[2]
     assert background == ["ok", "bg\n", ""]
-    # argv ["sleep", "30"] exactly: the NUL ends the argument (a `sleep 300` elsewhere is not ours)
-    assert live_processes("sleep\x0030\x00") == [] and live_processes("sleep\x00987660") == []
+    # durations no other program uses (a shared machine runs its own `sleep 30`s); the NUL
+    # ends the argument
+    assert live_processes("sleep\x00987661\x00") == []
+    assert live_processes("sleep\x00987660\x00") == []
