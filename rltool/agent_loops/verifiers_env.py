@@ -87,6 +87,23 @@ def environment_problem(environment: Any, env_dir: str) -> str | None:
     return None
 
 
+def find_uv() -> str | None:
+    """uv on PATH, or else the one pip installed beside this interpreter (the ``uv``
+    package, which 'rltool[verifiers]' brings), then put on PATH for verifiers' own calls:
+    a venv's python run without activating the venv has its ``bin`` off PATH."""
+    found = shutil.which("uv")
+    if found is not None:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        found = find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return None
+    os.environ["PATH"] = os.pathsep.join([str(Path(found).parent), os.environ.get("PATH", "")])
+    return found
+
+
 def lock_chat_program(timeout_s: float = 600.0) -> Path:
     """Lock and install the chat program of the null and bash harnesses where verifiers' subprocess
     runtime keeps it (``<scripts_dir>/<sha256>.py``), so a run needs no network.
@@ -103,7 +120,7 @@ def lock_chat_program(timeout_s: float = 600.0) -> Path:
     path = Path(SubprocessRuntime.scripts_dir) / f"{hashlib.sha256(data).hexdigest()}.py"
     if path.with_name(path.name + ".lock").is_file() and path.is_file():
         return path
-    uv = shutil.which("uv")
+    uv = find_uv()
     if uv is None:
         raise ValueError(UV_MISSING)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,7 +257,7 @@ class VerifiersLoop(AgentLoop):
         """verifiers and uv installed; the environment importable."""
         if importlib.util.find_spec("verifiers") is None:
             return [VERIFIERS_MISSING]
-        problems = [] if shutil.which("uv") else [UV_MISSING]
+        problems = [] if find_uv() else [UV_MISSING]
         problem = environment_problem(options.get("environment"), options.get("env_dir", ""))
         return problems + ([problem] if problem else [])
 
