@@ -14,12 +14,13 @@ Both runs share the recipe, seed and budget; the held-out score is the greedy ev
 the same eval rows after each run. On a shared machine timings are noisy: the script prints
 ``uptime`` before and after; compare the ratios of one invocation.
 
-One short run (2026-12-02, ``--budget-s 90 --eval-limit 32``, 2 cores shared with other
-jobs, load average 5.9-11 at the start): sync 2 steps, 0.021 steps/s; async 4 steps,
-0.031 steps/s (1.49x); env step 0.22 s both; held-out score 0.000 sync, 0.469 async. With
-a 3M-parameter model on a loaded CPU the training step (24-29 s) dominates and the
-environment's 4 x 0.2 s a step is a small part: the overlap of generation with training is
-what async gains here; a run this short says little about the score.
+The last run (2026-12-03, defaults: 200 ms a step, 120 s a mode, 50 held-out episodes; 2
+cores shared with other jobs, load average 3.0 at the start, 3.6 at the end): sync 5 steps,
+0.034 steps/s; async 8 steps, 0.057 steps/s (1.69x); held-out score 0.000 sync, 0.160
+async (0.200 before either trained); env step 0.21-0.22 s both. The train step varied with
+the load (26 s sync, 13 s async, excluding step 1) and dominates; the async run overlaps
+its generation (5 s) and the environment's waits with it. An earlier, shorter run under
+load 6-11 (90 s a mode) gave 1.49x.
 """
 
 from __future__ import annotations

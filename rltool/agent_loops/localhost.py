@@ -241,10 +241,24 @@ def regroup(flat: Sequence[list[RolloutState]], n: int) -> list[list[RolloutStat
 
 
 @dataclass(frozen=True, slots=True)
-class _Job:
+class SessionJob:
+    """One sample's session: its task, group and session id."""
+
     task: dict[str, Any]
     group_id: str
     session_id: str
+
+
+def session_jobs(
+    tasks: Sequence[dict[str, Any]], group_ids: Sequence[str], n: int
+) -> list[SessionJob]:
+    """``n`` sessions per task, task-major (the order ``regroup`` undoes)."""
+    sids = session_ids(group_ids, n)
+    return [
+        SessionJob(task, gid, sids[g * n + i])
+        for g, (task, gid) in enumerate(zip(tasks, group_ids, strict=True))
+        for i in range(n)
+    ]
 
 
 @register("localhost")
@@ -314,12 +328,7 @@ class LocalhostLoop(AgentLoop):
     ) -> list[list[RolloutState]]:
         """``n`` agent sessions per task, run concurrently; their segments grouped per task."""
         self.check_group_args(tasks, n, group_ids)
-        sids = session_ids(group_ids, n)
-        jobs = [
-            _Job(task, gid, sids[g * n + i])
-            for g, (task, gid) in enumerate(zip(tasks, group_ids, strict=True))
-            for i in range(n)
-        ]
+        jobs = session_jobs(tasks, group_ids, n)
         # One HTTP client shared by the call's sessions: one per OpenAI client would cost
         # an SSL context each (~0.4 s of CPU). Closed before the server stops, so no
         # keep-alive connection (and its server thread) outlives the call.
@@ -347,7 +356,7 @@ class LocalhostLoop(AgentLoop):
             yield server
 
     def _run_session(
-        self, server: SessionServer, http: Any, job: _Job, mcp: Any = None
+        self, server: SessionServer, http: Any, job: SessionJob, mcp: Any = None
     ) -> list[RolloutState]:
         server.open_session(job.session_id)
         client = self._openai.OpenAI(
@@ -379,7 +388,7 @@ class LocalhostLoop(AgentLoop):
         extra = {"agent_output": output[:MAX_TEXT_IN_EXTRA]} if isinstance(output, str) else {}
         return session_states(self, session, job.group_id, self.task_name, reward, error, extra)
 
-    def _judge(self, job: _Job, output: Any) -> tuple[dict[str, Any] | None, str | None]:
+    def _judge(self, job: SessionJob, output: Any) -> tuple[dict[str, Any] | None, str | None]:
         try:
             return reward_mapping(self.judger(job.task, output)), None
         except Exception as exc:  # a reward that cannot be computed fails the sample, counted

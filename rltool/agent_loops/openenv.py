@@ -25,9 +25,10 @@ from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.agent_loops.localhost import (
     LoopCounters,
+    SessionJob,
     count_session,
     regroup,
-    session_ids,
+    session_jobs,
     session_metrics,
     session_states,
 )
@@ -49,16 +50,9 @@ log = logging.getLogger(__name__)
 REWARD_MODES = ("sum", "last")
 
 
-@dataclass(frozen=True, slots=True)
-class _Job:
-    task: dict[str, Any]
-    group_id: str
-    session_id: str
-
-
 @dataclass(slots=True)
 class _Episode:
-    job: _Job
+    job: SessionJob
     session: Session
     env: EnvSession
     messages: list[dict[str, str]] = field(default_factory=list)
@@ -205,12 +199,7 @@ class OpenEnvLoop(AgentLoop):
     ) -> list[list[RolloutState]]:
         """``n`` episodes per task, ``max_concurrent`` at a time in lockstep."""
         self.check_group_args(tasks, n, group_ids)
-        sids = session_ids(group_ids, n)
-        jobs = [
-            _Job(task, gid, sids[g * n + i])
-            for g, (task, gid) in enumerate(zip(tasks, group_ids, strict=True))
-            for i in range(n)
-        ]
+        jobs = session_jobs(tasks, group_ids, n)
         flat: list[list[RolloutState]] = []
         for start in range(0, len(jobs), self.max_concurrent):
             chunk = jobs[start : start + self.max_concurrent]
@@ -218,7 +207,7 @@ class OpenEnvLoop(AgentLoop):
             flat += [self._states(e) for e in episodes]
         return regroup(flat, n)
 
-    async def _play(self, jobs: Sequence[_Job], sampling: SamplingConfig) -> list[_Episode]:
+    async def _play(self, jobs: Sequence[SessionJob], sampling: SamplingConfig) -> list[_Episode]:
         episodes = [
             _Episode(j, Session(j.session_id), EnvSession(self.url, self.timeouts)) for j in jobs
         ]

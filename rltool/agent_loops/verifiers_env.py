@@ -22,7 +22,6 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,11 @@ from rltool.agent_loops.base import AgentLoop, LoopContext, register
 from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
 from rltool.agent_loops.localhost import (
     LoopCounters,
+    SessionJob,
     check_max_body_bytes,
     count_session,
     regroup,
-    session_ids,
+    session_jobs,
     session_metrics,
     session_states,
     session_tokenizer,
@@ -188,13 +188,6 @@ def trace_reward(trace: Any) -> tuple[dict[str, Any] | None, str | None]:
     return {"score": score, "components": components, "weights": weights}, None
 
 
-@dataclass(frozen=True, slots=True)
-class _Job:
-    task: dict[str, Any]
-    group_id: str
-    session_id: str
-
-
 @register("verifiers")
 class VerifiersLoop(AgentLoop):
     """One verifiers episode per sample, all of a call at once on one event loop."""
@@ -283,12 +276,7 @@ class VerifiersLoop(AgentLoop):
     ) -> list[list[RolloutState]]:
         """``n`` episodes per task, run concurrently; their segments grouped per task."""
         self.check_group_args(tasks, n, group_ids)
-        sids = session_ids(group_ids, n)
-        jobs = [
-            _Job(task, gid, sids[g * n + i])
-            for g, (task, gid) in enumerate(zip(tasks, group_ids, strict=True))
-            for i in range(n)
-        ]
+        jobs = session_jobs(tasks, group_ids, n)
         with self._server(sampling or self.sampling) as server:
             flat = asyncio.run(self._run_all(server, jobs))
             self.counters.add(generate_calls=server.batcher.calls)
@@ -307,17 +295,19 @@ class VerifiersLoop(AgentLoop):
         with server:
             yield server
 
-    async def _run_all(self, server: SessionServer, jobs: list[_Job]) -> list[list[RolloutState]]:
+    async def _run_all(
+        self, server: SessionServer, jobs: list[SessionJob]
+    ) -> list[list[RolloutState]]:
         gate = asyncio.Semaphore(self.max_concurrent)
 
-        async def one(job: _Job) -> list[RolloutState]:
+        async def one(job: SessionJob) -> list[RolloutState]:
             async with gate:
                 return await self._run_episode(server, job)
 
         async with self.env.serving():
             return list(await asyncio.gather(*(one(job) for job in jobs)))
 
-    async def _run_episode(self, server: SessionServer, job: _Job) -> list[RolloutState]:
+    async def _run_episode(self, server: SessionServer, job: SessionJob) -> list[RolloutState]:
         vf = self._vf
         server.open_session(job.session_id)
         ctx = vf.ModelContext(
