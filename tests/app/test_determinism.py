@@ -4,6 +4,9 @@ metrics (time aside) and the same weights; what cannot be deterministic is warne
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +19,8 @@ from short_runs import short_gsm8k_args
 from rltool.app.determinism import determinism_warnings
 from rltool.config.loader import load_recipe
 
-RECIPES = Path(__file__).parents[2] / "recipes"
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes"
 
 
 @pytest.fixture
@@ -49,10 +53,39 @@ def test_two_deterministic_runs_write_the_same_metrics_and_weights(
     lines = _lines_without_time(a)
     assert [x["kind"] for x in lines].count("train") == 3
     assert lines == _lines_without_time(b)
-    wa = load_file(str(a / "checkpoints" / "step_000003" / "model.safetensors"))
-    wb = load_file(str(b / "checkpoints" / "step_000003" / "model.safetensors"))
     # bit-equal on purpose: two runs of one recipe on one machine are what the mode promises
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _same_weights(a, b, 3)
+
+
+def _same_weights(a: Path, b: Path, step: int) -> bool:
+    name = f"step_{step:06d}"
+    wa = load_file(str(a / "checkpoints" / name / "model.safetensors"))
+    wb = load_file(str(b / "checkpoints" / name / "model.safetensors"))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_two_deterministic_runs_on_two_fsdp2_processes_are_equal(tiny_checkpoint, tmp_path):
+    """Each run relaunches itself on two gloo processes (torchrun): the sharded update's
+    all-gathers and reduce-scatters must not let the two runs drift apart."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("a", "b"):
+        args = short_gsm8k_args(
+            tiny_checkpoint,
+            tmp_path / name,
+            2,
+            "trainer.deterministic=true",
+            "distributed.nproc_per_node=2",
+        )
+        command = [sys.executable, "-m", "rltool.cli.app", *args, "--quiet"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = tmp_path / "a" / "t", tmp_path / "b" / "t"
+    lines = _lines_without_time(a)
+    train = [x for x in lines if x["kind"] == "train"]
+    assert [x["dist/world_size"] for x in train] == [2.0, 2.0]  # really two processes
+    assert lines == _lines_without_time(b)
+    assert _same_weights(a, b, 2)
 
 
 def test_what_cannot_be_deterministic_is_named() -> None:
