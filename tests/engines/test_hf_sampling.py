@@ -1,0 +1,70 @@
+"""Per-sample sampling streams (``trainer.deterministic``): a sample's tokens do not depend
+on the other samples in its batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2ForCausalLM
+
+from rltool.app.demo_model import demo_model_config
+from rltool.config.schema import SamplingConfig
+from rltool.demo.data import prompt_messages
+from rltool.engines.hf import HFEngine
+
+HOT = SamplingConfig(temperature=1.0, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """A random tiny Qwen2: near-uniform next tokens, so every draw matters."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(demo_model_config(tokenizer, 32, 2, 2, 64)).eval()
+
+
+def _prompt(tokenizer, question: str) -> list[int]:
+    enc = tokenizer.apply_chat_template(prompt_messages(question), add_generation_prompt=True)
+    return list(enc["input_ids"])
+
+
+def _engine(model, tokenizer, seed: int = 5, step: int = 1) -> HFEngine:
+    engine = HFEngine(model, tokenizer, batch_size=8, model_step=step)
+    assert engine.seed_per_sample(seed)
+    return engine
+
+
+def test_a_prompt_alone_and_in_a_bigger_batch_samples_the_same_tokens(model, tokenizer):
+    p = _prompt(tokenizer, "What is 2 + 3?")
+    longer = _prompt(tokenizer, "Sam has 12 pencils and loses 5 of them. How many are left?")
+    shorter = _prompt(tokenizer, "2 + 2?")
+    torch.manual_seed(1)  # the global generator must not matter: moved between the calls
+    alone = _engine(model, tokenizer).generate([p, p], HOT)
+    torch.manual_seed(2)
+    mixed = _engine(model, tokenizer).generate([longer, p, shorter, p], HOT)
+    assert [g.token_ids for g in alone] == [mixed[1].token_ids, mixed[3].token_ids]
+    assert alone[0].token_ids != alone[1].token_ids  # a group's samples are not copies
+    for a, m in zip(alone, (mixed[1], mixed[3]), strict=True):  # padding moves logits a little
+        assert a.logprobs == pytest.approx(m.logprobs, abs=1e-4)
+
+
+def test_streams_change_with_the_seed_the_step_and_a_prompt_drawn_again(model, tokenizer):
+    p = _prompt(tokenizer, "What is 2 + 3?")
+    base = _engine(model, tokenizer).generate([p], HOT)[0].token_ids
+    assert _engine(model, tokenizer, seed=6).generate([p], HOT)[0].token_ids != base
+    assert _engine(model, tokenizer, step=2).generate([p], HOT)[0].token_ids != base
+    engine = _engine(model, tokenizer)
+    first, again = engine.generate([p], HOT), engine.generate([p], HOT)
+    assert first[0].token_ids == base and again[0].token_ids != base  # the next k
+    engine.sync_weights(2)  # a new step starts its counts again
+    assert engine.generate([p], HOT)[0].token_ids == (
+        _engine(model, tokenizer, step=2).generate([p], HOT)[0].token_ids
+    )
+
+
+def test_top_k_one_is_the_greedy_answer(model, tokenizer):
+    """The warpers apply as in ``generate``'s own sampling: top-k 1 leaves one token."""
+    prompts = [_prompt(tokenizer, "What is 2 + 3?"), _prompt(tokenizer, "2 + 2?")]
+    greedy = HFEngine(model, tokenizer).generate(prompts, SamplingConfig(0.0, max_new_tokens=8))
+    top1 = _engine(model, tokenizer).generate(prompts, SamplingConfig(top_k=1, max_new_tokens=8))
+    assert [g.token_ids for g in top1] == [g.token_ids for g in greedy]
