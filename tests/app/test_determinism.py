@@ -25,10 +25,12 @@ RECIPES = ROOT / "recipes"
 
 @pytest.fixture
 def restore_mode() -> Iterator[None]:
-    """The process-wide switch back to what it was: other tests run in this process."""
-    was = torch.are_deterministic_algorithms_enabled()
+    """The process-wide switch and thread count back to what they were: other tests run
+    in this process."""
+    was, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
     yield
     torch.use_deterministic_algorithms(was)
+    torch.set_num_threads(threads)
 
 
 # wall-clock figures: the only ones two runs may differ in
@@ -44,14 +46,17 @@ def test_two_deterministic_runs_write_the_same_metrics_and_weights(
     tiny_checkpoint, tmp_path, restore_mode
 ):
     for name in ("a", "b"):
-        args = short_gsm8k_args(tiny_checkpoint, tmp_path / name, 3, "trainer.deterministic=true")
+        args = short_gsm8k_args(
+            tiny_checkpoint, tmp_path / name, 3, "trainer.deterministic=true", "trainer.threads=1"
+        )
         result = run_cli(args)
         assert result.exit_code == 0, result.output
-        assert torch.are_deterministic_algorithms_enabled()
-        assert "not deterministic" not in result.output  # sync, in process, hf: no warning
+        assert torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == 1
+        assert "trainer.deterministic:" not in result.output  # sync, in process, hf, threads
     a, b = tmp_path / "a" / "t", tmp_path / "b" / "t"
     lines = _lines_without_time(a)
-    assert [x["kind"] for x in lines].count("train") == 3
+    train = [x for x in lines if x["kind"] == "train"]
+    assert [x["dist/threads"] for x in train] == [1.0] * 3  # recorded for a second run
     assert lines == _lines_without_time(b)
     # bit-equal on purpose: two runs of one recipe on one machine are what the mode promises
     assert _same_weights(a, b, 3)
@@ -90,7 +95,8 @@ def test_two_deterministic_runs_on_two_fsdp2_processes_are_equal(tiny_checkpoint
 
 def test_what_cannot_be_deterministic_is_named() -> None:
     async_ray = load_recipe(
-        RECIPES / "gsm8k_tiny_async.yaml", ["trainer.deterministic=true", "rollout.engine=vllm"]
+        RECIPES / "gsm8k_tiny_async.yaml",
+        ["trainer.deterministic=true", "rollout.engine=vllm", "trainer.threads=2"],
     )
     warnings = determinism_warnings(async_ray)
     assert [w.split(" with ")[1].split(":")[0] for w in warnings] == [
@@ -100,4 +106,12 @@ def test_what_cannot_be_deterministic_is_named() -> None:
     ]
     assert determinism_warnings(load_recipe(RECIPES / "gsm8k_tiny_async.yaml")) == []  # off
     sync = load_recipe(RECIPES / "gsm8k_tiny.yaml", ["trainer.deterministic=true"])
-    assert determinism_warnings(sync) == []
+    [threads] = determinism_warnings(sync)  # one machine's runs match; another's may not
+    n = torch.get_num_threads()
+    assert "trainer.threads=null" in threads and f"set trainer.threads={n}" in threads
+    fixed = load_recipe(
+        RECIPES / "gsm8k_tiny.yaml", ["trainer.deterministic=true", "trainer.threads=2"]
+    )
+    assert determinism_warnings(fixed) == []
+    with pytest.raises(ValueError, match=r"trainer\.threads = 0: must be >= 1 or null"):
+        load_recipe(RECIPES / "gsm8k_tiny.yaml", ["trainer.threads=0"])
