@@ -6,8 +6,8 @@ each sample has its own ``torch.Generator``, seeded from (run seed, weights step
 prompt's tokens, how many times this engine already sampled that prompt at that step):
 its tokens depend on nothing else in the batch. The draw itself happens in a logits
 processor that applies the warpers ``generate`` would (temperature, top-k, top-p),
-samples each row from its own stream and leaves only that token; ``generate`` then runs
-greedy and picks it. Shape legend: B = rows, V = vocabulary.
+samples each row with a uniform from its own stream and leaves only that token;
+``generate`` then runs greedy and picks it. Shape legend: B = rows, V = vocabulary.
 Design: docs/replay.md#deterministic-mode
 """
 
@@ -76,9 +76,13 @@ class PerSampleSampler(LogitsProcessor):
         assert scores.shape[0] == len(self.streams), "one sampling stream per row"
         for warper in self.warpers:
             scores = warper(input_ids, scores)
-        probs = torch.softmax(scores.float(), dim=-1)  # [B, V]
-        chosen = torch.stack(  # [B, 1]
-            [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.streams)]
-        )
+        # inverse-CDF sampling: one uniform per row from its own stream, the rest batched
+        # (B multinomial calls cost more); float64 sums, and u scaled by the row's total,
+        # so the index found is always a token of nonzero probability
+        cdf = torch.softmax(scores.float(), dim=-1).double().cumsum(-1)  # [B, V]
+        u = torch.cat(  # [B, 1]
+            [torch.rand(1, generator=g, device=g.device, dtype=cdf.dtype) for g in self.streams]
+        ).unsqueeze(1)
+        chosen = torch.searchsorted(cdf, u * cdf[:, -1:], side="right")  # [B, 1]
         out = torch.full_like(scores, -float("inf"))  # [B, V]
         return out.scatter_(1, chosen, 0.0)

@@ -11,6 +11,7 @@ from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import SamplingConfig
 from rltool.demo.data import prompt_messages
 from rltool.engines.hf import HFEngine
+from rltool.engines.hf_sampling import PerSampleSampler, generators
 
 HOT = SamplingConfig(temperature=1.0, max_new_tokens=8)
 
@@ -68,3 +69,19 @@ def test_top_k_one_is_the_greedy_answer(model, tokenizer):
     greedy = HFEngine(model, tokenizer).generate(prompts, SamplingConfig(0.0, max_new_tokens=8))
     top1 = _engine(model, tokenizer).generate(prompts, SamplingConfig(top_k=1, max_new_tokens=8))
     assert [g.token_ids for g in top1] == [g.token_ids for g in greedy]
+
+
+def test_the_draws_follow_the_softmax_and_never_pick_a_masked_token():
+    """4000 rows, each on its own stream, one draw each: the frequencies are the softmax's
+    (0.1 / 0.2 / 0.3 / 0.4, +- 0.03: over 4 standard errors) and the masked token never
+    comes up."""
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])
+    rows = 4000
+    scores = probs.log().expand(rows, -1).clone()  # [rows, 5], the last -inf
+    sampler = PerSampleSampler(SamplingConfig(), generators(range(rows), torch.device("cpu")))
+    out = sampler(torch.zeros(rows, 1, dtype=torch.long), scores)  # [rows, 5]
+    assert (out == 0).sum(-1).eq(1).all()  # exactly one token left per row
+    chosen = out.argmax(-1)
+    freq = torch.bincount(chosen, minlength=5).double() / rows
+    assert freq[:4].tolist() == pytest.approx(probs[:4].tolist(), abs=0.03)
+    assert freq[4] == 0
