@@ -81,6 +81,7 @@ def test_two_deterministic_runs_on_two_fsdp2_processes_are_equal(tiny_checkpoint
             2,
             "trainer.deterministic=true",
             "distributed.nproc_per_node=2",
+            "trainer.threads=1",
         )
         command = [sys.executable, "-m", "rltool.cli.app", *args, "--quiet"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -89,6 +90,7 @@ def test_two_deterministic_runs_on_two_fsdp2_processes_are_equal(tiny_checkpoint
     lines = _lines_without_time(a)
     train = [x for x in lines if x["kind"] == "train"]
     assert [x["dist/world_size"] for x in train] == [2.0, 2.0]  # really two processes
+    assert [x["dist/threads"] for x in train] == [1.0, 1.0]
     assert lines == _lines_without_time(b)
     assert _same_weights(a, b, 2)
 
