@@ -85,3 +85,25 @@ def test_the_draws_follow_the_softmax_and_never_pick_a_masked_token():
     freq = torch.bincount(chosen, minlength=5).double() / rows
     assert freq[:4].tolist() == pytest.approx(probs[:4].tolist(), abs=0.03)
     assert freq[4] == 0
+
+
+def test_a_row_continued_after_a_weights_pause_keeps_its_stream(model, tokenizer):
+    """Weights arriving mid-generation pause the batch after 3 tokens and continue the
+    unfinished rows in a new ``generate`` call: each row goes on drawing from its stream
+    (the same weights here), so the tokens are those of an unpaused run."""
+    p = _prompt(tokenizer, "What is 2 + 3?")
+    plain = _engine(model, tokenizer).generate([p, p], HOT)
+    engine = HFEngine(model, tokenizer, batch_size=8, model_step=1, chunk_tokens=3)
+    engine.seed_per_sample(5)
+    first_call = engine._generate_rows
+
+    def weights_arrive(*args):
+        if engine.model_step == 1:  # the same weights, stamped as step 2
+            engine._pending = (dict(model.state_dict()), 2)
+        return first_call(*args)
+
+    engine._generate_rows = weights_arrive
+    paused = engine.generate([p, p], HOT)
+    assert [g.model_steps[:3] for g in paused] == [[1, 1, 1]] * 2  # it did pause after 3
+    assert all(2 in g.model_steps for g in paused)
+    assert [g.token_ids for g in paused] == [g.token_ids for g in plain]
