@@ -6,9 +6,11 @@ kernel raises instead of running a racy one), cuDNN's autotuner off, cuBLAS's fi
 workspace (``CUBLAS_WORKSPACE_CONFIG``, read when CUDA starts: set before any model
 loads). The rest of a run is deterministic by construction in one process on one
 machine: every random draw comes from generators seeded by ``trainer.seed``
-(``seed_everything``; a step's training draws from (seed, step), training/controller.py)
-and torch's thread count is the machine's. What it cannot make deterministic is listed
-by ``determinism_warnings`` and shown when a run starts. Design: docs/replay.md#deterministic-mode
+(``seed_everything``; a step's training draws from (seed, step), training/controller.py;
+each sample's tokens from its own stream, engines/hf_sampling.py), and torch's thread
+count is ``trainer.threads`` (set in ``seed_everything``) or the machine's. What it
+cannot make deterministic is listed by ``determinism_warnings`` and shown when a run
+starts, as is a thread count left to the machine. Design: docs/replay.md#deterministic-mode
 """
 
 from __future__ import annotations
@@ -50,4 +52,12 @@ def determinism_warnings(recipe: RecipeConfig) -> list[str]:
             f"rollout.engine={recipe.rollout.engine}: the engine's batching and kernels "
             "are outside torch's deterministic mode"
         )
-    return [f"trainer.deterministic: not deterministic with {w}" for w in out]
+    notes = [f"trainer.deterministic: not deterministic with {w}" for w in out]
+    if recipe.trainer.threads is None:  # one machine's runs still match each other
+        n = torch.get_num_threads()
+        notes.append(
+            f"trainer.deterministic: trainer.threads=null, so torch uses this machine's "
+            f"{n} threads and float sums depend on the count; set trainer.threads={n} to "
+            "match runs on other machines"
+        )
+    return notes

@@ -155,7 +155,7 @@ def follow(recipe: RecipeConfig) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         ready(shard)  # the leader has built the model files (builtin:)
-        seed_everything(recipe.trainer.seed, recipe.trainer.deterministic)
+        seed_everything(recipe.trainer.seed, recipe.trainer.deterministic, recipe.trainer.threads)
         model, _, _ = load_model_and_tokenizer(recipe.model)
         conversion = ConversionConfig.from_recipe(recipe, vocab_size=embedding_rows(model))
         model = trainer_model(model, recipe, shard)

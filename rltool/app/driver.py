@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from rltool import metric_names as mn
 from rltool.agent_loops.evaluation import EvaluationFailed
 from rltool.app.alarms import AlarmWatch, alarm_metrics, stopping
@@ -243,6 +245,8 @@ def _step(
     metrics = {**produced.metrics(), **result.metrics}
     if run.shard is not None:
         metrics["dist/world_size"] = float(run.shard.world_size)
+    if run.recipe.trainer.deterministic:  # what a second run must match (docs/replay.md)
+        metrics["dist/threads"] = float(torch.get_num_threads())
     metrics |= {mn.TIME_GENERATE: t_gen, mn.TIME_OVERLAP: overlap, **run.too_long.metrics()}
     metrics[mn.TIME_STEP] = time.perf_counter() - t_step
     return metrics, result.batch.skipped_groups, produced.failed_groups, servers_down

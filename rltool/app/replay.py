@@ -185,7 +185,7 @@ def _build_trainer(recipe: RecipeConfig, start: Path | None) -> tuple[TrainingCo
     """The trainer as ``build_run`` builds it (same seed, load order, LoRA init), restored
     from ``start``; the recipe's optimizer settings apply to the restored moments."""
     ensure_builtin_models(recipe.model.path, recipe.distill.teacher_path)
-    seed_everything(recipe.trainer.seed, recipe.trainer.deterministic)
+    seed_everything(recipe.trainer.seed, recipe.trainer.deterministic, recipe.trainer.threads)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     if recipe.model.lora.enabled:
         model = apply_lora(model, recipe.model.lora)

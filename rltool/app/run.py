@@ -68,11 +68,14 @@ from rltool.training.sharding import (
 from rltool.training.updater import PolicyUpdater
 
 
-def seed_everything(seed: int, deterministic: bool = False) -> None:
+def seed_everything(seed: int, deterministic: bool = False, threads: int | None = None) -> None:
     """Python's, numpy's and torch's generators from ``trainer.seed``; with
-    ``trainer.deterministic``, deterministic kernels too (app/determinism.py)."""
+    ``trainer.deterministic``, deterministic kernels too (app/determinism.py);
+    ``trainer.threads`` torch threads (None: as they are)."""
     if deterministic:
         make_deterministic()
+    if threads is not None:
+        torch.set_num_threads(threads)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -172,7 +175,7 @@ def build_run(recipe: RecipeConfig, with_trainer: bool = True) -> Run:
     data, too_long = fit_task_data(
         recipe, load_tokenizer(recipe.model), context_length(recipe.model)
     )
-    seed_everything(recipe.trainer.seed, recipe.trainer.deterministic)
+    seed_everything(recipe.trainer.seed, recipe.trainer.deterministic, recipe.trainer.threads)
     model, tokenizer, _device = load_model_and_tokenizer(recipe.model)
     if recipe.model.lora.enabled:  # only the adapters train (rltool/lora.py)
         model = apply_lora(model, recipe.model.lora)

@@ -170,6 +170,7 @@ RANGES: dict[str, Range] = {
     "trainer.eval_every": at_least(0),
     "trainer.save_every": at_least(0),
     "trainer.time_budget_s": above(0, null=True),
+    "trainer.threads": at_least(1, null=True),
     "trainer.max_failed_steps": at_least(1),
     "trainer.alarms.baseline_steps": at_least(1),
     "trainer.alarms.length_ratio": above(1, null=True),

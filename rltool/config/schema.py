@@ -351,6 +351,9 @@ class TrainerConfig:
     # the same recipe and seed give the same metrics and weights (deterministic kernels;
     # not with async production, Ray workers or vLLM): docs/replay.md#deterministic-mode
     deterministic: bool = False
+    # torch's intra-op threads for this run (float sums depend on the count); null = the
+    # machine's default, which trainer.deterministic warns about
+    threads: int | None = None
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
 
 

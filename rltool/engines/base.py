@@ -90,6 +90,12 @@ class RolloutEngine(ABC):
         engine that applies them at once never has any waiting."""
         return False
 
+    def seed_per_sample(self, seed: int) -> bool:
+        """From here on, sample each sequence from its own stream seeded from ``seed`` and
+        the sample's identity, so its tokens do not depend on the rest of its batch
+        (``trainer.deterministic``); False where the engine cannot (it leaves sampling as is)."""
+        return False
+
     def pop_metrics(self) -> dict[str, float]:
         """Counters the engine kept since the last call (e.g. ``rollout/server_retries``),
         then reset; summed over a step's batches."""

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
 
 from rltool.config.checks import check_value
@@ -23,16 +28,20 @@ from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.hf_prefill import SharedPrefill, left_pad
 from rltool.engines.hf_routing import rows_routing
+from rltool.engines.hf_sampling import PerSampleSampler, SampleSeeds, generators
 from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights
 from rltool.engines.registry import ENGINES
 from rltool.models import embedding_rows
 from rltool.moe import find_routers, recording
 
 
-def _generation_config(sampling: SamplingConfig, eos: list[int], pad_id: int) -> GenerationConfig:
+def _generation_config(
+    sampling: SamplingConfig, eos: list[int], pad_id: int, greedy: bool = False
+) -> GenerationConfig:
+    """``greedy``: argmax whatever the temperature (a logits processor already sampled)."""
     # Every sampling knob is set explicitly: values left unset would be filled
     # from the checkpoint's generation_config.json (repetition penalty, top_k, ...).
-    greedy = sampling.temperature == 0
+    greedy = greedy or sampling.temperature == 0
     sampler = (
         {}
         if greedy
@@ -129,6 +138,12 @@ class HFEngine(RolloutEngine):
         self._lock = threading.Lock()
         self._generating = False
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._sample_seeds: SampleSeeds | None = None  # None: torch's global generator
+
+    def seed_per_sample(self, seed: int) -> bool:
+        """Each sample from its own stream from here on (engines/hf_sampling.py)."""
+        self._sample_seeds = SampleSeeds(seed)
+        return True
 
     @property
     def model_step(self) -> int:
@@ -201,16 +216,25 @@ class HFEngine(RolloutEngine):
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
                 self._apply_pending()
-                out += self._generate_batch(prompts[start : start + self.batch_size], sampling)
+                batch = prompts[start : start + self.batch_size]
+                seeds = None
+                if self._sample_seeds is not None and sampling.temperature > 0:
+                    seeds = self._sample_seeds.next(batch, self._model_step)
+                out += self._generate_batch(batch, sampling, seeds)
             return out
 
     def _generate_batch(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
         """Whole generations; with ``chunk_tokens``, a call that stopped at a pause point for
         new weights is continued: the unfinished rows go on from prompt + tokens so far
-        (finished rows drop out) with the new weights."""
+        (finished rows drop out) with the new weights, each row on its own stream still
+        (``seeds``: one per row; None = torch's global generator)."""
         rows = _RowsSoFar.empty(len(prompts))
+        streams = None if seeds is None else generators(seeds, self.model.device)
         while True:
             active = [
                 r
@@ -224,7 +248,8 @@ class HFEngine(RolloutEngine):
             self._apply_pending()
             contexts = [[*prompts[r], *rows.tokens[r]] for r in active]
             budget = sampling.max_new_tokens - done
-            new, logprobs, finished, routing = self._generate_rows(contexts, sampling, budget)
+            own = None if streams is None else [streams[r] for r in active]
+            new, logprobs, finished, routing = self._generate_rows(contexts, sampling, budget, own)
             for r, t, lp, fin, rt in zip(active, new, logprobs, finished, routing, strict=True):
                 rows.routing[r] = rt  # a continued row's context was routed again: the latest
                 rows.tokens[r] += t
@@ -245,11 +270,16 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def _generate_rows(
-        self, contexts: Sequence[Sequence[int]], sampling: SamplingConfig, max_new: int
+        self,
+        contexts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new: int,
+        streams: Sequence[torch.Generator] | None = None,
     ) -> tuple[list[list[int]], list[list[float]], list[bool], list[Any]]:
         """One ``generate`` call of at most ``max_new`` tokens: per row the new tokens (up to
         and including EOS or the stop string), their logprobs, whether the row ended, and the
-        experts of context + new tokens (None per row when not recorded)."""
+        experts of context + new tokens (None per row when not recorded). ``streams``: each
+        row samples from its own generator (None: from torch's global one)."""
         device = self.model.device
         ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
         stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
@@ -260,8 +290,11 @@ class HFEngine(RolloutEngine):
         if self.chunk_tokens is not None:
             pause = PauseForWeights(lambda: self.weights_waiting, ids.shape[1], self.chunk_tokens)
             criteria.append(pause)
-        cfg = _generation_config(sampling, self.eos_ids, self.pad_id)
+        cfg = _generation_config(sampling, self.eos_ids, self.pad_id, streams is not None)
         cfg.max_new_tokens = max_new
+        processors = LogitsProcessorList(
+            [] if streams is None else [PerSampleSampler(sampling, streams)]
+        )
         with (
             recording(self.model, self._routers)
             if self._routers is not None
@@ -273,6 +306,7 @@ class HFEngine(RolloutEngine):
                 attention_mask=mask.to(device),
                 generation_config=cfg,
                 stopping_criteria=criteria,
+                logits_processor=processors,
                 **({} if cache is None else {"cache": cache}),
             )
         new = res.sequences[:, ids.shape[1] :]  # [B, T]

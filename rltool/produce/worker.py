@@ -55,6 +55,8 @@ class RolloutWorker:
             raise ValueError(f"RolloutWorker {name}: a model was given without its tokenizer")
         self.name = name
         self.engine = build_engine(recipe.rollout, recipe.model, model, tokenizer)
+        if recipe.trainer.deterministic:  # an engine that cannot is warned about at start
+            self.engine.seed_per_sample(recipe.trainer.seed)
         self.loops = build_task_loops(recipe, self.engine, tokenizer)
 
     @property
