@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rltool import metric_names as mn
@@ -94,6 +94,9 @@ def train(
     stop = StopRequest()
     with RunLock(run_dir), stop.installed():
         if resume_dir is None:  # a stop before step 1 leaves a run --resume starts again
+            if dump_rollouts:  # recorded: a resume goes on dumping (replay needs every step)
+                logging = replace(recipe.logging, dump_rollouts=True)
+                recipe = replace(recipe, logging=logging)
             (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
         view.phase("checking the recipe, then loading model and data")
         try:
