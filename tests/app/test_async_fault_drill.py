@@ -149,6 +149,7 @@ def test_async_run_killed_at_random_moments_trains_every_drawn_prompt_once(
         out, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, out
     assert kills >= KILLS // 2, f"only {kills} kills landed before the run finished: {done}"
+    print("attempts:", *done, sep="\n  ")  # shown with pytest -s
 
     final = load_trainer_state(open_checkpoint(run_dir).path)
     assert final.step == STEPS
@@ -162,6 +163,13 @@ def test_async_run_killed_at_random_moments_trains_every_drawn_prompt_once(
     # none lost: every group drawn is trained or still open (buffered or in flight)
     open_ids = [r["group_id"] for r in producer["open"]]
     assert not set(open_ids) & set(trained), "a trained group is still open"
+    # and each open one is waiting somewhere: buffered, or in flight (sent again on resume)
+    buffered = [
+        json.loads(g[0])["group_id"]
+        for q in ("completed", "aborted", "expired")
+        for g in producer["buffer"][q]
+    ]
+    assert sorted(open_ids) == sorted(buffered + producer["in_flight"]), "an open group is lost"
     draws = {}
     for gid in trained + open_ids:
         _, n, row = map(int, GROUP_ID.match(gid).groups())
@@ -171,7 +179,10 @@ def test_async_run_killed_at_random_moments_trains_every_drawn_prompt_once(
     # the prompts are the sampler's, in its order: the prompt position resumed exactly
     (position,) = producer["sampler"]["tasks"].values()
     fresh = PromptSampler(position["size"], position["seed"])
-    assert [draws[n] for n in sorted(draws)] == fresh.take(len(draws))
+    in_order = [draws[n] for n in sorted(draws)] == fresh.take(len(draws))
+    assert in_order, (
+        "the rows drawn are not the prompt sampler's order: a prompt skipped or redrawn"
+    )
     assert (fresh.epoch, fresh.index) == (position["epoch"], position["index"])
     acct = producer["accounting"]
     assert acct["final"]["trained"] == len(trained) * 2  # group_size 2
