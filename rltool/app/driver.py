@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rltool import metric_names as mn
@@ -25,7 +25,7 @@ from rltool.app.failed_steps import (
 )
 from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
-from rltool.app.rollout_dumps import DumpSource, write_step_dump
+from rltool.app.rollout_dumps import DumpSource, dumped_steps, write_step_dump
 from rltool.app.run import (
     Run,
     build_run,
@@ -94,9 +94,6 @@ def train(
     stop = StopRequest()
     with RunLock(run_dir), stop.installed():
         if resume_dir is None:  # a stop before step 1 leaves a run --resume starts again
-            if dump_rollouts:  # recorded: a resume goes on dumping (replay needs every step)
-                logging = replace(recipe.logging, dump_rollouts=True)
-                recipe = replace(recipe, logging=logging)
             (run_dir / RUN_CONFIG).write_text(recipe_to_yaml(recipe))
         view.phase("checking the recipe, then loading model and data")
         try:
@@ -131,7 +128,10 @@ def _train(
     for warning in determinism_warnings(recipe):
         view.note(warning)
     evals = _resume(run, recipe, run_dir, view) if resumed else None
-    dump = dump_rollouts or recipe.logging.dump_rollouts
+    # a run that dumped goes on dumping when resumed (replay and the drills need every step)
+    dump = (
+        dump_rollouts or recipe.logging.dump_rollouts or (resumed and bool(dumped_steps(run_dir)))
+    )
     writer = MetricsWriter(run_dir, open_trackers(run_dir, recipe))
     try:
         return _loop(run, run_dir, writer, view, dump, evals, stop)
