@@ -63,13 +63,19 @@ def _saved_step(run_dir: Path) -> int:
         return 0
 
 
+def _ahead(saved: int) -> list[int]:
+    """Steps the next kill may land in: the first half of what is left after the resume
+    point, so that the kills spread over the run instead of piling up at one end."""
+    last = min(STEPS, saved + max(SAVE_EVERY, (STEPS - saved + 1) // 2))
+    return list(range(saved + 1, last + 1))
+
+
 def _fault(rng: random.Random, saved: int) -> str:
     """A hook the run reaches after its resume point: a random phase of a random step."""
     point = rng.choice(["generate", "train", "save"])
+    steps = _ahead(saved)
     if point == "save":  # saves happen every SAVE_EVERY steps and at the end
-        steps = [s for s in range(saved + 1, STEPS + 1) if s % SAVE_EVERY == 0 or s == STEPS]
-    else:
-        steps = list(range(saved + 1, STEPS + 1))
+        steps = [s for s in steps if s % SAVE_EVERY == 0 or s == STEPS]
     return f"{point}@{rng.choice(steps)}"
 
 
@@ -95,7 +101,7 @@ def _attempt(args: list[str], run_dir: Path, rng: random.Random) -> tuple[int, s
         how = _fault(rng, saved)
         proc = _start(args, fault=how)
     else:
-        step, delay = rng.randint(saved + 1, STEPS), rng.uniform(0.0, 0.15)
+        step, delay = rng.choice(_ahead(saved)), rng.uniform(0.0, 0.15)
         how = f"kill -9 {delay:.2f}s after step {step}'s dump"
         proc = _start(args)
         _kill_after_dump(proc, run_dir, step, delay)
