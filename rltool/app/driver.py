@@ -27,7 +27,7 @@ from rltool.app.failed_steps import (
 )
 from rltool.app.faults import fault_point
 from rltool.app.metrics_log import MetricsWriter, trim_metrics
-from rltool.app.rollout_dumps import DumpSource, write_step_dump
+from rltool.app.rollout_dumps import DumpSource, dumped_steps, write_step_dump
 from rltool.app.run import (
     Run,
     build_run,
@@ -130,7 +130,10 @@ def _train(
     for warning in determinism_warnings(recipe):
         view.note(warning)
     evals = _resume(run, recipe, run_dir, view) if resumed else None
-    dump = dump_rollouts or recipe.logging.dump_rollouts
+    # a run that dumped goes on dumping when resumed (replay and the drills need every step)
+    dump = (
+        dump_rollouts or recipe.logging.dump_rollouts or (resumed and bool(dumped_steps(run_dir)))
+    )
     writer = MetricsWriter(run_dir, open_trackers(run_dir, recipe))
     try:
         return _loop(run, run_dir, writer, view, dump, evals, stop)

@@ -180,6 +180,10 @@ class ReplayBuffer:
             "expired": len(self._expired),
         }
 
+    def queued(self) -> list[Group]:
+        """Every group queued now: completed, aborted, expired."""
+        return [*self._completed, *self._aborted, *self._expired]
+
     def metrics(self) -> dict[str, float]:
         out = {f"buffer/{name}": float(n) for name, n in self.sizes().items()}
         out |= {f"buffer/{name}_total": float(n) for name, n in asdict(self.counters).items()}
