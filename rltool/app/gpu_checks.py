@@ -57,13 +57,14 @@ def check_cuda(device: str) -> tuple[str, bool]:
 
 
 def tiny_model(attn: str = "sdpa", vocab: int = VOCAB, seed: int = 0) -> torch.nn.Module:
-    """A 2-layer Qwen2 whose weights depend only on ``seed`` (built on the CPU)."""
+    """A 2-layer Qwen2 whose weights depend only on ``seed`` (built on the CPU); head size 32,
+    which every kernel here (flex_attention's Triton, flash-attn) supports."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,
+        intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -273,8 +274,9 @@ def run_demo(device: str, steps: int, eval_every: int, *extra: str) -> tuple[str
     from rltool import metric_names as mn
     from rltool.app.run_reader import read_run, series
 
-    recipe = Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml"
     out = Path(tempfile.mkdtemp(prefix="rltool-gpu-check-"))
+    recipe = out / "gsm8k_tiny.yaml"  # recipes/gsm8k_tiny.yaml, found from any directory
+    recipe.write_text("defaults: [demo/gsm8k_tiny]\n", encoding="utf-8")
     cmd = [sys.executable, "-m", "rltool.cli.app", "train", str(recipe),
            f"trainer.steps={steps}", f"trainer.eval_every={eval_every}",
            "trainer.time_budget_s=null", f"model.device={device}",
