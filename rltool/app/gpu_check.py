@@ -142,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"running {k.name} ...", file=sys.stderr, flush=True)
         results.append(run_check(k, args.device))
     print(table(results))
+    failed = [r.name for r in results if r.status == FAIL]
+    took = sum(r.seconds for r in results)
+    print(f"{len(results)} checks in {took:.0f} s; failed: {', '.join(failed) or 'none'}")
     return exit_code(results)
 
 

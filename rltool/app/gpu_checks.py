@@ -56,7 +56,9 @@ def check_cuda(device: str) -> tuple[str, bool]:
     return f"{name}, sm_{major}{minor}, torch {torch.__version__}", True
 
 
-def tiny_model(attn: str = "sdpa", vocab: int = VOCAB, seed: int = 0) -> torch.nn.Module:
+def tiny_model(
+    attn: str = "sdpa", vocab: int = VOCAB, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
     """A 2-layer Qwen2 whose weights depend only on ``seed`` (built on the CPU); head size 32,
     which every kernel here (flex_attention's Triton, flash-attn) supports."""
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -72,7 +74,7 @@ def tiny_model(attn: str = "sdpa", vocab: int = VOCAB, seed: int = 0) -> torch.n
         max_position_embeddings=256,
         initializer_range=0.1,  # logits far from uniform, so precision and kernels show
     )
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=dtype)
 
 
 def grpo_rows() -> list[Pack]:
@@ -157,7 +159,8 @@ def check_bf16(device: str) -> tuple[str, bool]:
 
 def _kernel_pair(device: str, ref_model, model, ref_packs, packs, tight: bool) -> tuple[str, bool]:
     loss_rel, cos = compare(train_step(ref_model, ref_packs), train_step(model, packs))
-    ok = loss_rel < 1e-4 and cos > 0.99999 if tight else loss_rel < 3e-2 and cos > 0.98
+    # tight: one fp32 computation by two kernels (a wrong mask moves the loss by > 1e-2)
+    ok = loss_rel < 1e-3 and cos > 0.9999 if tight else loss_rel < 3e-2 and cos > 0.98
     return _figure(loss_rel, cos), ok
 
 
@@ -175,8 +178,8 @@ def check_flash_varlen(device: str) -> tuple[str, bool]:
     need_cuda(device)
     if importlib.util.find_spec("flash_attn") is None:
         raise Skipped("flash-attn not installed")
-    ref = tiny_model("sdpa").to(device, torch.bfloat16)
-    flash = tiny_model("flash_attention_2").to(device, torch.bfloat16)
+    ref = tiny_model("sdpa", dtype=torch.bfloat16).to(device)
+    flash = tiny_model("flash_attention_2", dtype=torch.bfloat16).to(device)
     plain = [replace(p, attention=FLASH_VARLEN) for p in grpo_rows()]
     sdpa = [replace(p, attention=SDPA_VARLEN) for p in grpo_rows()]
     return _kernel_pair(device, ref, flash, sdpa, plain, tight=False)

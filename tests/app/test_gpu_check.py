@@ -95,7 +95,9 @@ def test_table_and_exit_status_from_fake_results(monkeypatch, capsys) -> None:
     fake(monkeypatch, a=lambda d: ("loss 1.0e-05", True), b=lambda d: ("grad cos 0.5", False))
     capsys.readouterr()
     assert gc.main([]) == 1
-    rows = [re.split(r"\s{2,}", line) for line in capsys.readouterr().out.splitlines()]
+    *lines, summary = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"2 checks in \d+ s; failed: b", summary)
+    rows = [re.split(r"\s{2,}", line) for line in lines]
     assert rows[0] == ["check", "figure", "result", "s"]
     assert [r[:3] for r in rows[2:]] == [
         ["a", "loss 1.0e-05", "pass"],
@@ -107,7 +109,7 @@ def test_an_exception_is_a_failure_named_in_the_table(monkeypatch, capsys) -> No
     fake(monkeypatch, ok=lambda d: ("fine", True), bad=boom, off=skip)
     assert gc.main(["--device", "cpu"]) == 1
     captured = capsys.readouterr()
-    rows = [re.split(r"\s{2,}", line) for line in captured.out.splitlines()[2:]]
+    rows = [re.split(r"\s{2,}", line) for line in captured.out.splitlines()[2:-1]]
     assert [r[2] for r in rows] == ["pass", "FAIL", "skipped"]
     assert rows[1][1] == "error: RuntimeError: kernel exploded"  # one line in the table
     assert rows[2][1] == "skipped: no CUDA"
