@@ -24,17 +24,20 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's rltool, installed or not
 if [[ " ${args[*]-} " != *" --dry-run "* ]]; then
   "$py" -c "import torch" 2>/dev/null || {
     echo "gpu_check.sh: PyTorch is not importable by $py; this script never installs it" >&2; exit 2; }
   if [ -n "$wheels" ]; then
     [ -d "$wheels" ] || { echo "gpu_check.sh: --wheels $wheels is not a directory" >&2; exit 2; }
-    "$py" -m pip install --no-index --find-links "$wheels" .
+    # every wheel carried, then rltool alone: a --lean directory lacks ray and pyarrow,
+    # which rltool imports only for the Ray backend and parquet data
+    "$py" -m pip install --no-index --find-links "$wheels" "$wheels"/*.whl
+    "$py" -m pip install --no-index --find-links "$wheels" --no-deps .
   elif ! "$py" -c "import omegaconf, typer, transformers" 2>/dev/null; then
     echo "gpu_check.sh: rltool's dependencies are missing here: pass --wheels DIR" \
       "(made by scripts/gpu_wheels.sh)" >&2
     exit 2
   fi
 fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's rltool, installed or not
 exec "$py" -m rltool.app.gpu_check "${args[@]}"

@@ -186,6 +186,8 @@ def test_wheels_are_every_runtime_dependency_but_torch() -> None:
     assert set(named) == runtime - {"torch"} | {"setuptools"}  # setuptools builds rltool there
     assert {"omegaconf", "typer", "rich", "pydantic", "math-verify"} <= set(named)
     assert wheels.requirement_name("Math_Verify[x]>=0.8") == "math-verify"
+    lean = [wheels.requirement_name(r) for r in wheels.wheel_requirements(lean=True)]
+    assert set(lean) == set(named) - {"ray", "pyarrow"}
 
 
 def test_wheels_script_arguments() -> None:
@@ -198,3 +200,7 @@ def test_wheels_script_arguments() -> None:
         [sys.executable, str(ROOT / "scripts" / "gpu_wheels.py")], capture_output=True, text=True
     )
     assert printed.stdout.splitlines() == load_wheels_module().wheel_requirements()
+    bad_py = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_wheels.py"), "--fat"], capture_output=True
+    )
+    assert bad_py.returncode != 0
