@@ -320,7 +320,9 @@ class HFEngine(RolloutEngine):
             else contextlib.nullcontext([]) as forwards
         ):
             assert self._lean is not None
-            new, logprobs, ended = self._lean.decode(contexts, sampling, max_new, stop, pause)
+            new, logprobs, ended = self._lean.decode(
+                contexts, sampling, max_new, stop, pause, compact=self._routers is None
+            )
         finished = ended > 0  # [B]
         lengths = torch.where(finished, ended, new.shape[1]).tolist()  # [B]
         tokens = [new[row, :n].tolist() for row, n in enumerate(lengths)]

@@ -96,30 +96,37 @@ class LeanDecoder:
         max_new: int,
         stop: StopStringCriteria | None,
         pause: Callable[[int], bool],
+        compact: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """New tokens [B, T], their logprobs [B, T] and each row's finished length [B] (0 =
-        not finished), T <= ``max_new``; ``pause(n)`` after n new tokens ends the call early."""
+        not finished), T <= ``max_new``; ``pause(n)`` after n new tokens ends the call early.
+
+        ``compact``: once half the rows still decoded have finished, the rest leave the batch
+        (their cache rows are copied out: at most log2(B) times); off, every forward has B rows
+        (what routing capture needs). Sampling always draws for all B rows, as ``generate``
+        does, so one seed gives the same draws either way.
+        """
         device = self.model.device
         ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
         b, p = ids.shape
-        width = p - 1 + max_new
-        cache = self._prefill(contexts, mask, width)
-        # every column a row may attend to, set as the decode reaches it
-        keep = torch.zeros((b, 1, 1, width), dtype=torch.bool, device=device)  # [B, 1, 1, W]
-        keep[:, 0, 0, : p - 1] = mask[:, :-1].bool().to(device)
+        cache = self._prefill(contexts, mask, p - 1 + max_new)
+        # the columns each decoded row attends to, set as the decode reaches them
+        keep = torch.zeros((b, 1, 1, p - 1 + max_new), dtype=torch.bool, device=device)
+        keep[:, 0, 0, : p - 1] = mask[:, :-1].bool().to(device)  # [b, 1, 1, W]
+        pos = (mask.sum(-1, keepdim=True) - 1).to(device)  # [b, 1] position of the fed token
+        fed = ids[:, -1:].to(device)  # [b, 1]
+        live = torch.arange(b, device=device)  # [b] the batch row of each decoded row
         seq = torch.full((b, p + max_new), self.pad_id, dtype=torch.long, device=device)
         seq[:, :p] = ids.to(device)  # [B, P + max_new] for stop strings
-        pos = (mask.sum(-1, keepdim=True) - 1).to(device)  # [B, 1] position of the last token
+        scores = torch.zeros((b, self.model.config.get_text_config().vocab_size), device=device)
         logprobs = torch.zeros((b, max_new), device=device)  # [B, max_new]
         lengths = torch.zeros(b, dtype=torch.long, device=device)  # [B] 0 = not finished
         done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
-        fed = ids[:, -1:].to(device)  # [B, 1]
         greedy = sampling.temperature == 0
         temperature = 1.0 if greedy else sampling.temperature
         steps = 0
         for step in range(max_new):
-            col = p - 1 + step
-            keep[:, 0, 0, col] = True
+            keep[:, 0, 0, p - 1 + step] = True
             out = self.model(
                 input_ids=fed,
                 attention_mask=keep,  # 4D: used as is (sdpa: True = attend)
@@ -127,25 +134,32 @@ class LeanDecoder:
                 cache=cache,
                 use_cache=True,
             )
-            logits = out.logits[:, -1].float()  # [B, V]
-            scores = logits / temperature
+            step_scores = out.logits[:, -1].float() / temperature  # [b, V]
+            if scores.shape[1] != step_scores.shape[1]:  # a vocabulary resized since
+                scores = torch.zeros((b, step_scores.shape[1]), device=device)
+            scores.index_copy_(0, live, step_scores)  # [B, V] finished rows: stale, unused
             if greedy:
                 chosen = scores.argmax(-1)  # [B]
             else:
                 filtered = _filter_logits(scores, sampling.top_k, sampling.top_p)
                 chosen = torch.multinomial(filtered.softmax(-1), 1).squeeze(-1)  # [B]
-            lp = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)  # [B]
+            picked = chosen[live, None]  # [b, 1]
+            lp = step_scores.log_softmax(-1).gather(-1, picked).squeeze(-1)  # [b]
+            logprobs[live, step] = lp
             chosen = chosen.masked_fill(done, self.pad_id)  # finished rows take padding
-            logprobs[:, step] = lp
             seq[:, p + step] = chosen
             steps = step + 1
             ended = torch.isin(chosen, self.eos)  # [B]
             if stop is not None:
-                ended |= stop(seq[:, : p + steps], logits).to(device)
+                ended |= stop(seq[:, : p + steps], scores).to(device)
             lengths = torch.where(ended & (lengths == 0), steps, lengths)
             done |= ended
             if bool(done.all()) or pause(steps):
                 break
-            fed = chosen[:, None]
-            pos = pos + 1
+            fed, pos = picked, pos + 1
+            still = ~done[live]  # [b]
+            if compact and 2 * int(still.sum()) <= len(live):
+                keep, pos, fed, live = keep[still], pos[still], fed[still], live[still]
+                for layer in cache.layers:
+                    layer.keys, layer.values = layer.keys[still], layer.values[still]
         return seq[:, p : p + steps].cpu(), logprobs[:, :steps].cpu(), lengths.cpu()
