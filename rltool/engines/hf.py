@@ -110,7 +110,7 @@ class HFEngine(RolloutEngine):
         chunk_tokens: int | None = None,
         share_prefill: bool = True,
         record_routing: bool | None = None,
-        decode: str = "reference",
+        decode: str = "lean",
     ):
         """``record_routing``: record the experts of every position (MoE models); None =
         whenever the model has MoE routers. ``decode``: ``lean`` (hf_decode.py: static cache,

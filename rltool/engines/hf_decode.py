@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticLayer
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from rltool.config.schema import SamplingConfig
@@ -49,6 +49,25 @@ def _filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return scores
 
 
+class _FilledLayer(StaticLayer):
+    """A static layer whose attention reads only the filled columns (a view of the
+    preallocated buffers), not all W: short rows do not pay for the longest possible one."""
+
+    def __init__(self, max_cache_len: int):
+        super().__init__(max_cache_len)
+        self.filled = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.filled + key_states.shape[-2]
+        self.keys[:, :, self.filled : end] = key_states
+        self.values[:, :, self.filled : end] = value_states
+        self.filled = end
+        self.cumulative_length.fill_(end)
+        return self.keys[:, :, :end], self.values[:, :, :end]  # [b, H, filled, D]
+
+
 class LeanDecoder:
     """Decodes one batch of left-padded contexts on a static KV cache."""
 
@@ -61,7 +80,8 @@ class LeanDecoder:
         """A static cache of W positions holding every row's context but its last token,
         each distinct context computed once (the first recorded forward, [U, P - 1])."""
         device, p = self.model.device, mask.shape[1]
-        cache = StaticCache(config=self.model.config, max_cache_len=width)
+        n_layers = self.model.config.get_text_config(decoder=True).num_hidden_layers
+        cache = Cache(layers=[_FilledLayer(width) for _ in range(n_layers)])
         if p < 2:
             return cache
         distinct: dict[tuple[int, ...], int] = {}
@@ -86,6 +106,7 @@ class LeanDecoder:
             layer.keys[:, :, : p - 1] = keys
             layer.values[:, :, : p - 1] = values
             layer.cumulative_length.fill_(p - 1)
+            layer.filled = p - 1
         return cache
 
     @torch.no_grad()
@@ -129,7 +150,7 @@ class LeanDecoder:
             keep[:, 0, 0, p - 1 + step] = True
             out = self.model(
                 input_ids=fed,
-                attention_mask=keep,  # 4D: used as is (sdpa: True = attend)
+                attention_mask=keep[..., : p + step],  # 4D: used as is (sdpa: True = attend)
                 position_ids=pos,
                 cache=cache,
                 use_cache=True,
@@ -158,7 +179,7 @@ class LeanDecoder:
                 break
             fed, pos = picked, pos + 1
             still = ~done[live]  # [b]
-            if compact and 2 * int(still.sum()) <= len(live):
+            if compact and 4 * int(still.sum()) <= 3 * len(live):
                 keep, pos, fed, live = keep[still], pos[still], fed[still], live[still]
                 for layer in cache.layers:
                     layer.keys, layer.values = layer.keys[still], layer.values[still]

@@ -100,10 +100,23 @@ def test_greedy_eos_ends_rows_early(tokenizer):
     with torch.no_grad():
         model.lm_head.weight[eos] *= 0  # tied: a bias toward EOS through its embedding row
         model.lm_head.weight[eos] += model.model.norm.weight * 0.8
-    prompts = _prompts(tokenizer, [4, 6, 5, 3], seed=9)
-    lean, ref = _both(model, tokenizer, prompts, SamplingConfig(temperature=1.0, max_new_tokens=30))
+    prompts = _prompts(tokenizer, [4, 6, 5, 3], seed=9) * 2
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=30)
+    lean, ref = _both(model, tokenizer, prompts, sampling)
     _assert_same(lean, ref)
-    assert {g.finish_reason for g in lean} >= {"stop"}
+    reasons = [g.finish_reason for g in lean]
+    assert "stop" in reasons and "length" in reasons, reasons
+    rows: list[int] = []  # the rows of each forward of the lean path
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        torch.manual_seed(11)
+        HFEngine(model, tokenizer, decode="lean").generate(prompts, sampling)
+    finally:
+        hook.remove()
+    # one prefix forward over the 4 distinct prompts, then all 8 rows; finished rows leave
+    assert rows[:2] == [4, 8] and min(rows) < 4, rows
 
 
 @pytest.mark.parametrize("every", [1, 3])
