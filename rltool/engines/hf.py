@@ -1,4 +1,5 @@
-"""In-process rollout engine on Hugging Face ``generate``.
+"""In-process rollout engine on Hugging Face models: the lean decode loop (hf_decode.py, the
+default) or ``generate`` (``decode="reference"``, the fallback and parity reference).
 
 Shape legend: B = sequences in a batch, P = padded context length,
 T = generated steps, V = vocabulary.
