@@ -19,6 +19,12 @@ vLLM in process 1505.9 (2.14x), vllm serve + openai_server 1318.2 (1.88x; HTTP, 
 second process). On the same cores loaded by other jobs (load average ~18): HF 96.0,
 vLLM 526.5 (5.49x), server 365.8 (3.81x); HF on 2 threads there fell to 7.3 tokens/s:
 oversubscription, not the engines.
+
+"hf" is the reference decode path (``rollout.hf_decode: reference``, ``generate``), "hf (lean
+decode)" the default one (rltool/engines/hf_decode.py); ``--hf-only`` times just those two, in
+rltool's own environment (no vLLM needed). Lean vs reference, defaults, one run each on 2 shared
+cores (load average 1.3-3.4; see docs/engines.md#lean-decode for more figures): 1 thread
+583 -> 1035, 375 -> 633, 371 -> 759 tokens/s (1.7-2.0x); 2 threads 101.5 -> 183.3 (1.8x).
 """
 
 from __future__ import annotations
@@ -107,6 +113,19 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
+def serve_and_time(demo_dir, args, model_cfg, model, tokenizer, prompts, sampling, results):
+    print("[vllm serve + openai_server] starting the server ...", flush=True)
+    proc, url = start_server(demo_dir, args)
+    try:
+        rollout = RolloutConfig(engine="openai_server", servers=[url])
+        rollout.server.model, rollout.server.logprobs_method = SERVED, "rltool_tempered_logprobs"
+        engine = build_engine(rollout, model_cfg, model, tokenizer)
+        results["vllm serve (openai_server)"] = timed(engine, prompts, sampling)
+        engine.shutdown()
+    finally:
+        stop_server(proc)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=64)
@@ -118,6 +137,9 @@ def main() -> None:
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--start-timeout-s", type=float, default=600)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the HF engine on a CPU")
+    p.add_argument(
+        "--hf-only", action="store_true", help="only the HF engine's two decode paths (no vLLM)"
+    )
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(args.threads)
@@ -142,24 +164,17 @@ def main() -> None:
 
     results: dict[str, tuple[int, float]] = {}
     runs: list[tuple[str, Callable[[], RolloutEngine]]] = [
-        ("hf", lambda: HFEngine(model, tokenizer)),
-        ("vllm (in process)", vllm_inprocess),
+        ("hf", lambda: HFEngine(model, tokenizer, decode="reference")),
+        ("hf (lean decode)", lambda: HFEngine(model, tokenizer, decode="lean")),
+        *([] if args.hf_only else [("vllm (in process)", vllm_inprocess)]),
     ]
     for name, make in runs:
         print(f"[{name}] ...", flush=True)
         engine = make()
         results[name] = timed(engine, prompts, sampling)
         engine.shutdown()
-    print("[vllm serve + openai_server] starting the server ...", flush=True)
-    proc, url = start_server(demo_dir, args)
-    try:
-        rollout = RolloutConfig(engine="openai_server", servers=[url])
-        rollout.server.model, rollout.server.logprobs_method = SERVED, "rltool_tempered_logprobs"
-        engine = build_engine(rollout, model_cfg, model, tokenizer)
-        results["vllm serve (openai_server)"] = timed(engine, prompts, sampling)
-        engine.shutdown()
-    finally:
-        stop_server(proc)
+    if not args.hf_only:
+        serve_and_time(demo_dir, args, model_cfg, model, tokenizer, prompts, sampling, results)
     hf_rate = results["hf"][0] / results["hf"][1]
     print(f"\n{'engine':<28}{'tokens':>8}{'seconds':>10}{'tokens/s':>11}{'vs hf':>8}")
     for name, (tokens, seconds) in results.items():

@@ -226,6 +226,7 @@ NAMES: dict[str, Names] = {
     ),
     "rollout.backend": one_of("inprocess", "ray"),
     "rollout.vllm.dtype": one_of("", "float32", "bfloat16", "float16"),  # "" = model.dtype
+    "rollout.hf_decode": one_of("lean", "reference"),
     "produce.mode": one_of("sync", "async"),
     "produce.buffer_order": one_of("fifo", "stalest"),
     "produce.expired": one_of("retry", "drop"),

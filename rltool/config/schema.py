@@ -99,6 +99,8 @@ class RolloutConfig:
     # when new weights wait)
     chunk_tokens: int | None = None  # None = no pause points: new weights wait for the next call
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm
+    # rollout.engine: hf: lean (own decode loop on a static KV cache) | reference (generate)
+    hf_decode: str = "lean"
     # record each position's MoE experts (routed_experts); None = when the model has routers
     record_routing: bool | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -1,4 +1,5 @@
-"""In-process rollout engine on Hugging Face ``generate``.
+"""In-process rollout engine on Hugging Face models: the lean decode loop (hf_decode.py, the
+default) or ``generate`` (``decode="reference"``, the fallback and parity reference).
 
 Shape legend: B = sequences in a batch, P = padded context length,
 T = generated steps, V = vocabulary.
@@ -26,6 +27,7 @@ from transformers.generation.stopping_criteria import StoppingCriteria, StopStri
 from rltool.config.checks import check_value
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
+from rltool.engines.hf_decode import LeanDecoder, can_decode_lean
 from rltool.engines.hf_prefill import SharedPrefill, left_pad
 from rltool.engines.hf_routing import rows_routing
 from rltool.engines.hf_sampling import PerSampleSampler, SampleSeeds, generators
@@ -118,9 +120,14 @@ class HFEngine(RolloutEngine):
         chunk_tokens: int | None = None,
         share_prefill: bool = True,
         record_routing: bool | None = None,
+        decode: str = "lean",
     ):
         """``record_routing``: record the experts of every position (MoE models); None =
-        whenever the model has MoE routers."""
+        whenever the model has MoE routers. ``decode``: ``lean`` (hf_decode.py: static cache,
+        own decode loop; ``reference`` where the model does not allow it) or ``reference``
+        (``generate``)."""
+        if decode not in ("lean", "reference"):
+            raise ValueError(f"decode={decode!r}: expected 'lean' or 'reference'")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -132,6 +139,8 @@ class HFEngine(RolloutEngine):
         self.pad_id = self.eos_ids[0] if pad is None else pad
         # None: every row prefills its own context, repeats included (the reference path)
         self._prefill = SharedPrefill(model, self.pad_id) if share_prefill else None
+        lean = decode == "lean" and can_decode_lean(model)
+        self._lean = LeanDecoder(model, self.pad_id, self.eos_ids) if lean else None
         required = "rollout.record_routing" if record_routing else None
         self._routers = find_routers(model, required) if record_routing is not False else None
         # weights handed over while a generate runs wait here for the next chunk boundary
@@ -279,10 +288,13 @@ class HFEngine(RolloutEngine):
         """One ``generate`` call of at most ``max_new`` tokens: per row the new tokens (up to
         and including EOS or the stop string), their logprobs, whether the row ended, and the
         experts of context + new tokens (None per row when not recorded). ``streams``: each
-        row samples from its own generator (None: from torch's global one)."""
+        row samples from its own generator (None: from torch's global one); the lean decoder
+        draws from the global one, so per-sample streams take ``generate``'s path."""
+        stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
+        if self._lean is not None and streams is None:
+            return self._lean_rows(contexts, sampling, max_new, stop)
         device = self.model.device
         ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
-        stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
         recorder = FinishRecorder(
             ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(contexts)
         )
@@ -325,6 +337,38 @@ class HFEngine(RolloutEngine):
             routing = rows_routing(forwards, contexts, lengths, cache is not None)
         return tokens, lps, finished.tolist(), routing
 
+    def _lean_rows(
+        self,
+        contexts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new: int,
+        stop: StopStringCriteria | None,
+    ) -> tuple[list[list[int]], list[list[float]], list[bool], list[Any]]:
+        """``_generate_rows`` on the lean decode loop (same pause points, same routing)."""
+        every = self.chunk_tokens
+
+        def pause(n_new: int) -> bool:
+            return every is not None and n_new % every == 0 and self.weights_waiting
+
+        with (
+            recording(self.model, self._routers)
+            if self._routers is not None
+            else contextlib.nullcontext([]) as forwards
+        ):
+            assert self._lean is not None
+            new, logprobs, ended = self._lean.decode(
+                contexts, sampling, max_new, stop, pause, compact=self._routers is None
+            )
+        finished = ended > 0  # [B]
+        lengths = torch.where(finished, ended, new.shape[1]).tolist()  # [B]
+        tokens = [new[row, :n].tolist() for row, n in enumerate(lengths)]
+        lps = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
+        routing: list[Any] = [None] * len(contexts)
+        if self._routers is not None:
+            shared = max(len(c) for c in contexts) >= 2  # the prefix forward came first
+            routing = rows_routing(forwards, contexts, lengths, shared)
+        return tokens, lps, finished.tolist(), routing
+
 
 @ENGINES.register("hf")
 def build_hf_engine(
@@ -338,4 +382,5 @@ def build_hf_engine(
         batch_size=rollout.batch_size,
         chunk_tokens=rollout.chunk_tokens,
         record_routing=rollout.record_routing,
+        decode=rollout.hf_decode,
     )

@@ -237,7 +237,8 @@ def test_weights_loaded_mid_generation_apply_at_the_next_pause_point(model, toke
     """Pause points every 2 tokens; weights of step 3 arrive after the first token: the call
     stops at token 2, steps [1, 1, 3, 3], and the last two tokens are the new policy's greedy
     continuation of the first two."""
-    engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2)
+    # generate's stopping criteria are patched: the reference path (the lean one: test_hf_decode.py)
+    engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2, decode="reference")
     other = _other_weights(tokenizer)
     record = hf_stopping.FinishRecorder.__call__
 

@@ -39,6 +39,7 @@ def _forward_shapes(model) -> tuple[list[tuple[int, int]], object]:
 
 def _shared_vs_unshared(model, tokenizer, prompts, sampling, **engine_kwargs):
     """Both paths under the same seed; returns (shared, unshared, shared run's forward shapes)."""
+    engine_kwargs = {"decode": "reference", **engine_kwargs}  # generate's prefill (lean: always)
     torch.manual_seed(11)
     plain = HFEngine(model, tokenizer, share_prefill=False, **engine_kwargs).generate(
         prompts, sampling
