@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+
+from cli_runner import wide_environ
+
+import rltool
+
+MAIN = "from rltool.cli.app import main; main()"
 
 
 def short_train_args(
@@ -44,4 +52,20 @@ def short_gsm8k_args(
         f"rollout.sampling.max_new_tokens={new_tokens}",
         f"rollout.eval_sampling.max_new_tokens={new_tokens}",
         *extra,
+    )
+
+
+def start_cli(args: list[str], fault: str | None = None) -> subprocess.Popen:
+    """`rltool ARGS` in a child process (one torch thread, output merged, unwrapped), with
+    the fault hook ``fault`` armed (``RLTOOL_FAULT``, rltool/app/faults.py) or none."""
+    env = wide_environ(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(rltool.__file__).parents[1]))
+    env.pop("RLTOOL_FAULT", None)
+    if fault is not None:
+        env["RLTOOL_FAULT"] = fault
+    return subprocess.Popen(
+        [sys.executable, "-c", MAIN, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )

@@ -19,40 +19,22 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from cli_runner import wide_environ
-from short_runs import short_train_args
+from short_runs import short_train_args, start_cli
 
-import rltool
 from rltool.app.checkpoint import load_trainer_state, open_checkpoint
 from rltool.app.rollout_dumps import dump_path, meta_path
 from rltool.produce.sampler import PromptSampler
 from rltool.rollout.io import read_groups
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny_async.yaml")
-MAIN = "from rltool.cli.app import main; main()"
 STEPS, SAVE_EVERY, EVAL_EVERY, PROMPTS = 8, 2, 4, 3
 KILLS = 6  # kill -9 this many times (fewer if an attempt happens to finish first)
 GROUP_ID = re.compile(r"^s(\d+)-g(\d+)-p(\d+)$")  # producer.py: step drawn, draw number, row
-
-
-def _start(args: list[str], fault: str | None = None) -> subprocess.Popen:
-    env = wide_environ(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(rltool.__file__).parents[1]))
-    env.pop("RLTOOL_FAULT", None)
-    if fault is not None:
-        env["RLTOOL_FAULT"] = fault
-    return subprocess.Popen(
-        [sys.executable, "-c", MAIN, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def _saved_step(run_dir: Path) -> int:
@@ -96,14 +78,14 @@ def _attempt(args: list[str], run_dir: Path, rng: random.Random) -> tuple[int, s
     """One attempt, killed by a random hook or a random delay; (exit code, what was done)."""
     saved = _saved_step(run_dir)
     if saved == STEPS:  # killed after its last save: nothing left to kill
-        how, proc = "resume of a finished run", _start(args)
+        how, proc = "resume of a finished run", start_cli(args)
     elif rng.random() < 0.5:
         how = _fault(rng, saved)
-        proc = _start(args, fault=how)
+        proc = start_cli(args, fault=how)
     else:
         step, delay = rng.choice(_ahead(saved)), rng.uniform(0.0, 0.15)
         how = f"kill -9 {delay:.2f}s after step {step}'s dump"
-        proc = _start(args)
+        proc = start_cli(args)
         _kill_after_dump(proc, run_dir, step, delay)
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode in (0, -signal.SIGKILL), out
@@ -151,7 +133,7 @@ def test_async_run_killed_at_random_moments_trains_every_drawn_prompt_once(
         kills += rc != 0
         args = resume
     if rc != 0:
-        proc = _start(resume)
+        proc = start_cli(resume)
         out, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, out
     assert kills >= KILLS // 2, f"only {kills} kills landed before the run finished: {done}"

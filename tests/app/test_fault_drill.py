@@ -11,34 +11,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_runner import wide_environ
 from safetensors.torch import load_file
-from short_runs import short_train_args
-
-import rltool
+from short_runs import short_train_args, start_cli
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml")
 STEPS = 5
-MAIN = "from rltool.cli.app import main; main()"
-
-
-def _start(args: list[str], fault: str | None = None) -> subprocess.Popen:
-    env = wide_environ(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(rltool.__file__).parents[1]))
-    env.pop("RLTOOL_FAULT", None)
-    if fault is not None:
-        env["RLTOOL_FAULT"] = fault
-    return subprocess.Popen(
-        [sys.executable, "-c", MAIN, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def _finish(proc: subprocess.Popen, expected: int) -> str:
@@ -73,26 +54,26 @@ def test_kill_9_at_every_phase_then_resume_matches_an_uninterrupted_run(tiny_che
             "trainer.eval_every=2",
         )
 
-    reference = _start(args(tmp_path / "ref"))
+    reference = start_cli(args(tmp_path / "ref"))
     _finish(reference, 0)
     ref_dir = tmp_path / "ref" / "t"
 
     run_dir = tmp_path / "drill" / "t"
     resume = ["train", "--resume", str(run_dir)]
     killed = -signal.SIGKILL
-    _finish(_start(args(tmp_path / "drill"), fault="generate@2"), killed)
-    _finish(_start(resume, fault="train@3"), killed)  # step 3 trained and logged, not saved
-    _finish(_start(resume, fault="save@4"), killed)  # weights written, manifest not
+    _finish(start_cli(args(tmp_path / "drill"), fault="generate@2"), killed)
+    _finish(start_cli(resume, fault="train@3"), killed)  # step 3 trained and logged, not saved
+    _finish(start_cli(resume, fault="save@4"), killed)  # weights written, manifest not
     assert (run_dir / "checkpoints" / ".tmp-step_000004").is_dir()
     # a kill the test does not time: as soon as step 4 is saved, somewhere in step 5,
     # its evaluation or its saves (or after the run ended: then nothing is left to do)
-    proc = _start(resume)
+    proc = start_cli(resume)
     while not (run_dir / "checkpoints" / "step_000004" / "manifest.json").exists():
         assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=120)
-    out = _finish(_start(resume), 0)
+    out = _finish(start_cli(resume), 0)
     assert "resumed from" in out
 
     expected, got = _weights(ref_dir), _weights(run_dir)
