@@ -22,16 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
-from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
-from rltool.agent_loops.localhost import (
-    LoopCounters,
-    SessionJob,
-    count_session,
-    regroup,
-    session_jobs,
-    session_metrics,
-    session_states,
-)
 from rltool.agent_loops.openenv_server import (
     UVICORN_MISSING,
     EnvSession,
@@ -40,6 +30,16 @@ from rltool.agent_loops.openenv_server import (
     StepOut,
     Timeouts,
     openenv_missing,
+)
+from rltool.agent_loops.session_loops import (
+    LoopCounters,
+    SessionJob,
+    count_session,
+    evaluate_sessions,
+    regroup,
+    session_jobs,
+    session_metrics,
+    session_states,
 )
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
@@ -332,10 +332,4 @@ class OpenEnvLoop(AgentLoop):
     ) -> dict[str, float]:
         """One episode per task: eval/accuracy is the mean episode score, a failed episode
         counting 0 and counted by reason; when all fail, EvaluationFailed."""
-        if not tasks:
-            raise ValueError("evaluate() needs at least one task")
-        training_counts = self.counters.pop()  # evaluation episodes are not training figures
-        groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
-        self.counters.pop()
-        self.counters.add(**training_counts)
-        return check_evaluation(self.task_name, session_eval_metrics(groups))
+        return evaluate_sessions(self, tasks, sampling)

@@ -20,17 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
-from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
-from rltool.agent_loops.localhost import (
-    LoopCounters,
-    check_max_body_bytes,
-    count_session,
-    regroup,
-    session_ids,
-    session_metrics,
-    session_states,
-    session_tokenizer,
-)
 from rltool.agent_loops.mcp_bridge import MCP_SOCKET, McpBridge
 from rltool.agent_loops.mcp_options import mcp_metrics, mcp_options, mcp_problems
 from rltool.agent_loops.mcp_tools import open_tools
@@ -42,6 +31,17 @@ from rltool.agent_loops.sandbox_task import (
     run_summary,
     temp_dir,
     write_check_dir,
+)
+from rltool.agent_loops.session_loops import (
+    LoopCounters,
+    check_max_body_bytes,
+    count_session,
+    evaluate_sessions,
+    regroup,
+    session_ids,
+    session_metrics,
+    session_states,
+    session_tokenizer,
 )
 from rltool.config.schema import SamplingConfig
 from rltool.rollout.state import RolloutState
@@ -350,10 +350,4 @@ class SandboxLoop(AgentLoop):
     ) -> dict[str, float]:
         """One sandboxed session per task: eval/accuracy is the fraction of checks passed,
         a failed session counting 0 and counted by reason; when all fail, EvaluationFailed."""
-        if not tasks:
-            raise ValueError("evaluate() needs at least one task")
-        training_counts = self.counters.pop()  # evaluation sessions are not training figures
-        groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
-        self.counters.pop()
-        self.counters.add(**training_counts)
-        return check_evaluation(self.task_name, session_eval_metrics(groups))
+        return evaluate_sessions(self, tasks, sampling)

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from rltool.agent_loops.base import AgentLoop, LoopContext, register
-from rltool.agent_loops.evaluation import check_evaluation, session_eval_metrics
-from rltool.agent_loops.localhost import (
+from rltool.agent_loops.session_loops import (
     LoopCounters,
     SessionJob,
     check_max_body_bytes,
     count_session,
+    evaluate_sessions,
     regroup,
     session_jobs,
     session_metrics,
@@ -355,13 +355,7 @@ class VerifiersLoop(AgentLoop):
     ) -> dict[str, float]:
         """One episode per task under ``sampling``: eval/accuracy is the mean reward score,
         a failed episode counting 0 and counted by reason."""
-        if not tasks:
-            raise ValueError("evaluate() needs at least one task")
-        training_counts = self.counters.pop()
-        groups = self.generate_groups(tasks, 1, [f"eval-{i}" for i in range(len(tasks))], sampling)
-        self.counters.pop()
-        self.counters.add(**training_counts)
-        return check_evaluation(self.task_name, session_eval_metrics(groups))
+        return evaluate_sessions(self, tasks, sampling)
 
 
 if __name__ == "__main__":  # python -m rltool.agent_loops.verifiers_env: install-time prefetch

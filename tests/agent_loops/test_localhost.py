@@ -17,12 +17,8 @@ from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from rltool.agent_loops.base import AGENT_LOOPS, LoopContext
 from rltool.agent_loops.evaluation import EvaluationFailed
-from rltool.agent_loops.localhost import (
-    LocalhostLoop,
-    load_callable,
-    session_ids,
-    session_tokenizer,
-)
+from rltool.agent_loops.localhost import LocalhostLoop, load_callable
+from rltool.agent_loops.session_loops import session_ids, session_tokenizer
 from rltool.agents.calculator import calculate, check_feedback, judge
 from rltool.app.demo_model import demo_model_config
 from rltool.builtin import demo_cache_dir
