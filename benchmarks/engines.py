@@ -180,9 +180,14 @@ def main() -> None:
         for name, make in hf_runs:
             print(f"[{name}] round {i + 1} ...", flush=True)
             engine = make()
+            cpu0 = time.process_time()  # less swayed by other jobs than the wall clock
             rounds[name].append(timed(engine, prompts, sampling))
+            cpu = time.process_time() - cpu0  # the warm-up batch included
             engine.shutdown()
-            print(f"  {rounds[name][-1][0] / rounds[name][-1][1]:.1f} tokens/s", flush=True)
+            tokens, seconds = rounds[name][-1]
+            print(
+                f"  {tokens / seconds:.1f} tokens/s, {tokens / cpu:.1f} per CPU second", flush=True
+            )
     for name, times in rounds.items():
         ratios = [(t / s) / (h / hs) for (t, s), (h, hs) in zip(times, rounds["hf"], strict=True)]
         print(f"{name}: vs hf per round " + ", ".join(f"{r:.2f}x" for r in ratios))
