@@ -1,5 +1,6 @@
-"""In-process rollout engine on Hugging Face models: the lean decode loop (hf_decode.py, the
-default) or ``generate`` (``decode="reference"``, the fallback and parity reference).
+"""In-process rollout engine on Hugging Face models: the lean decode loop (the default:
+hf_refill.py, all prompts with finished slots refilled; hf_decode.py a batch at a time where
+rows must stay in step) or ``generate`` (``decode="reference"``, the fallback and reference).
 
 Shape legend: B = sequences in a batch, P = padded context length,
 T = generated steps, V = vocabulary.
