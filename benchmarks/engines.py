@@ -21,10 +21,13 @@ vLLM 526.5 (5.49x), server 365.8 (3.81x); HF on 2 threads there fell to 7.3 toke
 oversubscription, not the engines.
 
 "hf" is the reference decode path (``rollout.hf_decode: reference``, ``generate``), "hf (lean
-decode)" the default one (rltool/engines/hf_decode.py); ``--hf-only`` times just those two, in
-rltool's own environment (no vLLM needed). Lean vs reference, defaults, one run each on 2 shared
-cores (load average 1.3-3.4; see docs/engines.md#lean-decode for more figures): 1 thread
-583 -> 1035, 375 -> 633, 371 -> 759 tokens/s (1.7-2.0x); 2 threads 101.5 -> 183.3 (1.8x).
+decode)" the default one (rltool/engines/hf_decode.py, hf_refill.py: all prompts in one loop,
+finished slots refilled), "hf (lean, per batch)" the lean loop a batch at a time (what runs with
+``rollout.chunk_tokens``); ``--hf-only`` times just those, in rltool's own environment (no vLLM
+needed); ``--repeat N`` runs them N times, interleaved, and reports each one's median round and
+every round's ratio to "hf". Defaults, ``--repeat 3``, 2 shared cores (2026-12-03, load average
+1.5-2.8, see docs/engines.md#lean-decode): 1 thread 393 -> 962 (per batch) -> 1092 tokens/s
+(2.45x, 2.78x); 2 threads 395 -> 710 -> 1029 (1.80x, 2.60x).
 """
 
 from __future__ import annotations
@@ -138,7 +141,10 @@ def main() -> None:
     p.add_argument("--start-timeout-s", type=float, default=600)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the HF engine on a CPU")
     p.add_argument(
-        "--hf-only", action="store_true", help="only the HF engine's two decode paths (no vLLM)"
+        "--hf-only", action="store_true", help="only the HF engine's decode paths (no vLLM)"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="rounds of the HF engines, interleaved; median"
     )
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -163,19 +169,39 @@ def main() -> None:
         return build_engine(rollout, model_cfg, model, tokenizer)
 
     results: dict[str, tuple[int, float]] = {}
-    runs: list[tuple[str, Callable[[], RolloutEngine]]] = [
+    hf_runs: list[tuple[str, Callable[[], RolloutEngine]]] = [
         ("hf", lambda: HFEngine(model, tokenizer, decode="reference")),
+        # chunk_tokens (pause points) keeps the lean loop to one batch at a time, no refill
+        ("hf (lean, per batch)", lambda: HFEngine(model, tokenizer, chunk_tokens=10**9)),
         ("hf (lean decode)", lambda: HFEngine(model, tokenizer, decode="lean")),
-        *([] if args.hf_only else [("vllm (in process)", vllm_inprocess)]),
     ]
-    for name, make in runs:
-        print(f"[{name}] ...", flush=True)
-        engine = make()
-        results[name] = timed(engine, prompts, sampling)
+    rounds: dict[str, list[tuple[int, float]]] = {name: [] for name, _ in hf_runs}
+    for i in range(args.repeat):  # interleaved: a load change hits every engine alike
+        for name, make in hf_runs:
+            print(f"[{name}] round {i + 1} ...", flush=True)
+            engine = make()
+            cpu0 = time.process_time()  # less swayed by other jobs than the wall clock
+            rounds[name].append(timed(engine, prompts, sampling))
+            cpu = time.process_time() - cpu0  # the warm-up batch included
+            engine.shutdown()
+            tokens, seconds = rounds[name][-1]
+            print(
+                f"  {tokens / seconds:.1f} tokens/s, {tokens / cpu:.1f} per CPU second", flush=True
+            )
+    for name, times in rounds.items():
+        ratios = [(t / s) / (h / hs) for (t, s), (h, hs) in zip(times, rounds["hf"], strict=True)]
+        print(f"{name}: vs hf per round " + ", ".join(f"{r:.2f}x" for r in ratios))
+    for name, times in rounds.items():  # the round of median tokens/s
+        results[name] = sorted(times, key=lambda t: t[0] / t[1])[len(times) // 2]
+    if not args.hf_only:
+        print("[vllm (in process)] ...", flush=True)
+        engine = vllm_inprocess()
+        results["vllm (in process)"] = timed(engine, prompts, sampling)
         engine.shutdown()
     if not args.hf_only:
         serve_and_time(demo_dir, args, model_cfg, model, tokenizer, prompts, sampling, results)
     hf_rate = results["hf"][0] / results["hf"][1]
+    print(f"\nload average (1, 5, 15 min) at the end: {os.getloadavg()}")
     print(f"\n{'engine':<28}{'tokens':>8}{'seconds':>10}{'tokens/s':>11}{'vs hf':>8}")
     for name, (tokens, seconds) in results.items():
         rate = tokens / seconds

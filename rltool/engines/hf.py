@@ -1,5 +1,6 @@
-"""In-process rollout engine on Hugging Face models: the lean decode loop (hf_decode.py, the
-default) or ``generate`` (``decode="reference"``, the fallback and parity reference).
+"""In-process rollout engine on Hugging Face models: the lean decode loop (the default:
+hf_refill.py, all prompts with finished slots refilled; hf_decode.py a batch at a time where
+rows must stay in step) or ``generate`` (``decode="reference"``, the fallback and reference).
 
 Shape legend: B = sequences in a batch, P = padded context length,
 T = generated steps, V = vocabulary.
@@ -29,6 +30,7 @@ from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.hf_decode import LeanDecoder, can_decode_lean
 from rltool.engines.hf_prefill import SharedPrefill, left_pad
+from rltool.engines.hf_refill import generate_refilling
 from rltool.engines.hf_routing import rows_routing
 from rltool.engines.hf_sampling import PerSampleSampler, SampleSeeds, generators
 from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights
@@ -222,6 +224,8 @@ class HFEngine(RolloutEngine):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
         with self._generating_now():
+            if self._refills(sampling):
+                return generate_refilling(self, prompts, sampling)
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
                 self._apply_pending()
@@ -231,6 +235,13 @@ class HFEngine(RolloutEngine):
                     seeds = self._sample_seeds.next(batch, self._model_step)
                 out += self._generate_batch(batch, sampling, seeds)
             return out
+
+    def _refills(self, sampling: SamplingConfig) -> bool:
+        """The lean loop over all prompts (hf_refill.py): not with pause points, routing capture
+        or per-sample streams, which need rows in step or every row in every forward."""
+        streams = self._sample_seeds is not None and sampling.temperature > 0
+        plain = self.chunk_tokens is None and self._routers is None and not streams
+        return self._lean is not None and plain
 
     def _generate_batch(
         self,
