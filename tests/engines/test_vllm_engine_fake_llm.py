@@ -47,7 +47,10 @@ class FakeLLM:
     def reset_prefix_cache(self) -> bool:
         return True
 
-    def generate(self, prompts: list[dict], params: Any, use_tqdm: bool) -> list[Any]:
+    def generate(
+        self, prompts: list[dict], params: Any, use_tqdm: bool, lora_request: Any = None
+    ) -> list[Any]:
+        assert lora_request is None  # the stand-in serves its model's weights only
         self.calls.append((params.n, params.max_tokens, len(prompts)))
         sampling = SamplingConfig(
             temperature=params.temperature,
