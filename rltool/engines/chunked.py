@@ -136,8 +136,9 @@ class ChunkedEngine(RolloutEngine):
         return self._weights.waiting
 
     def pop_metrics(self) -> dict[str, float]:
+        """The bytes of the weights sent since the last call, when any were."""
         sent, self._sync_bytes = self._sync_bytes, 0
-        return {ROLLOUT_WEIGHT_SYNC_BYTES: float(sent)}
+        return {ROLLOUT_WEIGHT_SYNC_BYTES: float(sent)} if sent else {}
 
     def sync_weights(self, model_step: int) -> None:
         """The trainer's model is not the engine's copy: its weights (a LoRA policy's
