@@ -70,7 +70,8 @@ def test_async_production_with_partial_rollouts(tmp_path):
 def test_a_lora_run_syncs_adapters_only(tmp_path, mode):
     """recipes/gsm8k_tiny_lora.yaml's adapters (rank 16 on the 7 projections of 4 layers)
     on vLLM with enable_lora: every sync moves the adapters' bytes, not the 13 MB of merged
-    weights, and vLLM's logprobs with the adapter are the trainer's (rollout KL ~ 0)."""
+    weights, and vLLM's logprobs with the adapter are the trainer's (sync: rollout KL
+    ~ 0)."""
     lora = ["model.lora.enabled=true", "model.lora.rank=16", "model.lora.alpha=32"]
     extra = ["produce.mode=async", "produce.max_inflight_steps=1"] if mode == "async" else []
     steps = _train(tmp_path, *lora, "optimizer.lr=1e-3", *extra)
@@ -88,4 +89,5 @@ def test_a_lora_run_syncs_adapters_only(tmp_path, mode):
     else:  # the syncs land in whichever step's batch pops the engine's counters next
         got = [b for b in sent if b is not None]
         assert got and all(b > 0 and b % adapter == 0 for b in got), sent
-    assert max(kls) < 1e-3
+    if mode == "sync":  # on-policy: vLLM's logprobs with the adapter are the trainer's
+        assert max(kls) < 1e-3
