@@ -128,6 +128,7 @@ class OpenAIServerEngine(ChunkedEngine):
         self.takes_adapters = takes_adapters  # a LoRA run: syncs load adapters
         self._adapter: str | None = None  # the loaded adapter's name, requests' model
         self._adapters = 0  # adapters loaded: each gets a new name
+        self._adapter_writes = 0  # adapter folders written: each gets a new name
         self._written: list[Path] = []
         self._tag = uuid.uuid4().hex[:8]  # this engine's files (Ray: one engine per worker)
         if logprobs_method:  # every server reports the trainer's logprobs from now on
@@ -159,8 +160,9 @@ class OpenAIServerEngine(ChunkedEngine):
     def _write_adapter(self, payload: AdapterPayload, model_step: int) -> Path:
         if not self.takes_adapters:
             return super()._write_adapter(payload, model_step)
-        path = self._weights_folder() / f"rltool-step{model_step:08d}-{self._tag}-lora"
-        return write_adapter(payload, path).resolve()
+        self._adapter_writes += 1  # a folder cannot be replaced while it may be read
+        name = f"rltool-step{model_step:08d}-{self._tag}-lora{self._adapter_writes}"
+        return write_adapter(payload, self._weights_folder() / name).resolve()
 
     def _load_file(self, path: Path, model_step: int) -> None:
         """Every server loads ``path``: an adapter folder through its LoRA endpoint, a
