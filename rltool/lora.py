@@ -3,10 +3,12 @@
 The trainer's model becomes a ``PeftModel`` whose base weights are frozen. What the rollout
 side sees: the in-process engine that shares the model object runs base + adapters as they
 are; every engine that holds its own copy (``load_weights``, and the ``sync_weights`` of
-vLLM and the server engine) receives :func:`rollout_state_dict`, the merged weights
-``W + scale * B @ A`` under the base model's own names (the trainer's model is not
-changed). The KL reference is the same model with its adapters switched off
-(:class:`AdapterFreeReference`): no second copy. Design: docs/lora.md
+vLLM and the server engine) receives what ``rltool.lora_sync.rollout_weights`` picks: the
+adapters where the engine loads LoRA adapters (vLLM with ``enable_lora``), else
+:func:`rollout_state_dict`, the merged weights ``W + scale * B @ A`` under the base
+model's own names (the trainer's model is not changed). The KL reference is the same
+model with its adapters switched off (:class:`AdapterFreeReference`): no second copy.
+Design: docs/lora.md
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ ROLLOUT_REWARD_MEAN = "rollout/reward_mean"
 ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len/mean"  # response_ids, tool tokens included
 ROLLOUT_TRUNCATED_FRAC = "rollout/truncated_frac"
 ROLLOUT_SERVERS_DROPPED = "rollout/servers_dropped"  # hung or down (engines/openai_server.py)
+# bytes of the weights the engine was sent since the previous step's generation: LoRA
+# adapters or merged full weights (engines/chunked.py)
+ROLLOUT_WEIGHT_SYNC_BYTES = "rollout/weight_sync_bytes"
 # + a component's name: its mean over the step's samples whose reward has "components"
 ROLLOUT_REWARD_COMPONENTS = "rollout/reward_components/"
 

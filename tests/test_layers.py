@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "rltool.rewards": 2,
     "rltool.models": 2,
     "rltool.lora": 2,  # LoRA adapters on a model (peft)
+    "rltool.lora_sync": 2,  # what a weight sync sends: adapters or merged weights
     "rltool.moe": 2,
     "rltool.data": 2,
     "rltool.demo": 2,  # the demo's data and tokenizer (its model's builder is app.demo_model)

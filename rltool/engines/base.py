@@ -63,6 +63,9 @@ class RolloutEngine(ABC):
     # the policy's embedding rows: every token id must be below it (data-contract
     # invariant 10); None where the engine does not know it
     vocab_size: int | None = None
+    # loads a LoRA policy's adapters as an adapter (``rltool.lora_sync.AdapterPayload``
+    # through ``load_weights``) instead of merged full weights
+    takes_adapters: bool = False
 
     @property
     @abstractmethod
@@ -82,7 +85,8 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
         """Copy in the trainer's weights of ``model_step``; may be called from another
-        thread while ``generate`` runs (the engine applies them when it can)."""
+        thread while ``generate`` runs (the engine applies them when it can). An engine
+        that ``takes_adapters`` also accepts an ``AdapterPayload`` here."""
 
     @property
     def weights_waiting(self) -> bool:

@@ -3,11 +3,13 @@
 What they share: generation in rounds of at most ``rollout.chunk_tokens`` new tokens
 (partial rollouts: between rounds, weights that arrived are loaded), each token stamped
 with the step of the weights that sampled it, a stop string split across two rounds cut
-where it ends, the trainer's weights (LoRA merged, ``rltool.lora.rollout_state_dict``)
-written to a file and applied through ``PendingWeights``, the EOS ids. What each engine
-does itself: send one round's requests (``_complete``), write a weights file and load it
-(``_write_weights``, ``_load_file``). Shape legend: R = generated tokens of one sequence.
-Design: docs/engines.md#weight-hand-off
+where it ends, the trainer's weights (``rltool.lora_sync.rollout_weights``: a LoRA
+policy's adapters where the engine ``takes_adapters``, else merged) written to a file or
+an adapter folder and applied through ``PendingWeights``, the bytes each sync moved
+(``rollout/weight_sync_bytes``), the EOS ids. What each engine does itself: send one
+round's requests (``_complete``), write a weights file or an adapter and load it
+(``_write_weights``, ``_write_adapter``, ``_load_file``). Shape legend: R = generated
+tokens of one sequence. Design: docs/engines.md#weight-hand-off
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.weight_handoff import PendingWeights
-from rltool.lora import rollout_state_dict
+from rltool.lora_sync import AdapterPayload, RolloutWeights, rollout_weights, weights_nbytes
+from rltool.metric_names import ROLLOUT_WEIGHT_SYNC_BYTES
 from rltool.models import embedding_rows
 
 
@@ -94,6 +97,7 @@ class ChunkedEngine(RolloutEngine):
         self.chunk_tokens = chunk_tokens
         self.eos = eos_ids(tokenizer, model)
         self._weights = PendingWeights(self._load_file, self.owner, model_step)
+        self._sync_bytes = 0  # handed to load_weights since the last pop_metrics
 
     @abstractmethod
     def _complete(
@@ -105,9 +109,17 @@ class ChunkedEngine(RolloutEngine):
     def _write_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
         """Write ``state_dict`` to a file the engine can load; its path."""
 
+    def _write_adapter(self, payload: AdapterPayload, model_step: int) -> Path:
+        """Write a LoRA adapter where the engine can load it (peft's folder); its path.
+        Only an engine that ``takes_adapters`` is sent one."""
+        raise ValueError(
+            f"{self.owner} does not load LoRA adapters (takes_adapters is False); send it "
+            "merged weights (rltool.lora.rollout_state_dict)"
+        )
+
     @abstractmethod
     def _load_file(self, path: Path, model_step: int) -> None:
-        """Load a written file (under ``PendingWeights``' lock)."""
+        """Load a written file, or an adapter's folder (under ``PendingWeights``' lock)."""
 
     def _start_generate(self) -> None:
         """Runs before a ``generate``, after waiting weights were applied."""
@@ -123,22 +135,33 @@ class ChunkedEngine(RolloutEngine):
     def weights_waiting(self) -> bool:
         return self._weights.waiting
 
+    def pop_metrics(self) -> dict[str, float]:
+        """The bytes of the weights sent since the last call, when any were."""
+        sent, self._sync_bytes = self._sync_bytes, 0
+        return {ROLLOUT_WEIGHT_SYNC_BYTES: float(sent)} if sent else {}
+
     def sync_weights(self, model_step: int) -> None:
-        """The trainer's model is not the engine's copy: its weights (LoRA merged, under
-        the base names) are sent as ``load_weights`` sends them."""
+        """The trainer's model is not the engine's copy: its weights (a LoRA policy's
+        adapters where the engine takes them, else merged under the base names) are sent
+        as ``load_weights`` sends them."""
         if self.model is None:
             raise ValueError(
                 f"{self.owner}.sync_weights needs the trainer's model (the engine was built "
                 "without it); use load_weights"
             )
-        self.load_weights(rollout_state_dict(self.model), model_step)
+        self.load_weights(rollout_weights(self.model, self.takes_adapters), model_step)
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
-        """Write the weights now; they are loaded now, or, during a ``generate``, at its
-        next pause point (every ``chunk_tokens``) or when it ends (a later call replaces
-        them while they wait)."""
+    def load_weights(self, state_dict: RolloutWeights, model_step: int) -> None:
+        """Write the weights (or an ``AdapterPayload``) now; they are loaded now, or,
+        during a ``generate``, at its next pause point (every ``chunk_tokens``) or when it
+        ends (a later call replaces them while they wait)."""
         self._weights.check(model_step)
-        self._weights.offer(self._write_weights(state_dict, model_step), model_step)
+        if isinstance(state_dict, AdapterPayload):
+            path = self._write_adapter(state_dict, model_step)
+        else:
+            path = self._write_weights(state_dict, model_step)
+        self._sync_bytes += weights_nbytes(state_dict)
+        self._weights.offer(path, model_step)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig

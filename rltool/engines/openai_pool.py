@@ -25,6 +25,10 @@ from rltool.engines.base import ServersDown
 __all__ = ["ServerPool", "ServersDown", "check_server_urls"]
 
 log = logging.getLogger(__name__)
+DEV_MODE_HINT = (
+    "A vLLM server needs VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+    "rltool.engines.vllm_worker.RltoolWorkerExtension (docs/engines.md)"
+)
 # a server silent for an attempt's whole timeout is hung when that timeout was at least this
 # share of min(timeout_s, deadline_s); an attempt the deadline cut shorter merely fails
 HUNG_SHARE = 0.5
@@ -123,11 +127,14 @@ class ServerPool:
             raise down[0]
         return answers
 
-    def post_each(self, path: str, body: dict[str, Any], root: bool = False) -> list[Any]:
+    def post_each(
+        self, path: str, body: dict[str, Any], root: bool = False, hint: str = DEV_MODE_HINT
+    ) -> list[Any]:
         """POST ``body`` to every server still in the pool (at its root URL when ``root``);
-        the JSON answers (None for an empty one). A server that does not answer (down,
-        5xx) is dropped from the pool for good and counted; a 4xx answer raises (the server
-        lacks what rltool asks of it); no server left raises ``ServersDown`` naming each."""
+        the JSON answers (None for an empty one, the text for one that is not JSON). A
+        server that does not answer (down, 5xx) is dropped from the pool for good and
+        counted; a 4xx answer raises with ``hint`` (the server lacks what rltool asks of
+        it); no server left raises ``ServersDown`` naming each."""
         out = []
         for i in [i for i, s in enumerate(self._servers) if not s.out]:
             s = self._servers[i]
@@ -139,12 +146,10 @@ class ServerPool:
             if r is not None and 400 <= r.status_code < 500:
                 raise RuntimeError(
                     f"openai_server: {url} refused {body.get('method', path)!r} "
-                    f"({r.status_code}): {r.text[:500]}. A vLLM server needs "
-                    "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
-                    "rltool.engines.vllm_worker.RltoolWorkerExtension (docs/engines.md)"
+                    f"({r.status_code}): {r.text[:500]}. {hint}"
                 )
             if r is not None and r.status_code < 400:
-                out.append(r.json() if r.content else None)
+                out.append(_json_or_text(r))
                 continue
             self._drop(i, f"{path}: {reason if r is None else f'HTTP {r.status_code}'}")
         if not out:
@@ -229,6 +234,17 @@ class ServerPool:
             f"(rollout.server.retries = {self.retries}): {'; '.join(why)}. "
             "Check that the servers in rollout.servers are running and reachable."
         )
+
+
+def _json_or_text(r: httpx.Response) -> Any:
+    """An answer's JSON, None when empty, its text when not JSON (vLLM's
+    ``/v1/load_lora_adapter`` answers a sentence)."""
+    if not r.content:
+        return None
+    try:
+        return r.json()
+    except ValueError:
+        return r.text
 
 
 def _failure(exc: httpx.HTTPError, timeout: float, key: str) -> str:

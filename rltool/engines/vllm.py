@@ -1,5 +1,9 @@
 """``rollout.engine: vllm``: vLLM's ``LLM`` in this process, weights synced in place.
 
+A LoRA run (``model.lora.enabled``) starts the ``LLM`` with ``enable_lora``: a sync sends
+the adapters only (``rltool.lora_sync``), loaded as a new ``LoRARequest`` that every
+generation names; the base weights never change.
+
 vLLM is imported when the engine is built, never at import time, so the main environment
 does without it (``scripts/vllm_env.sh`` builds one that has it). Shape legend:
 R = generated tokens of one sequence. Design: docs/engines.md#the-vllm-engine
@@ -20,7 +24,8 @@ from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig, VLL
 from rltool.engines.chunked import ChunkedEngine, Completion, Request
 from rltool.engines.registry import ENGINES
 from rltool.engines.vllm_worker import EXTENSION
-from rltool.engines.weight_handoff import write_weights_file
+from rltool.engines.weight_handoff import discard, write_weights_file
+from rltool.lora_sync import AdapterPayload, write_adapter
 from rltool.models import resolve_model_path
 
 VLLM_MISSING = (
@@ -39,9 +44,36 @@ def import_vllm() -> Any:
     return vllm
 
 
+# the max_lora_rank values vLLM accepts (vllm.config.lora.MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(
+            f"model.lora.rank = {rank}: vLLM serves LoRA adapters of rank at most "
+            f"{VLLM_LORA_RANKS[-1]}; lower the rank or use rollout.engine: hf"
+        )
+    return fits[0]
+
+
+def lora_options(model_cfg: ModelConfig) -> dict[str, Any]:
+    """The ``LLM``/``vllm serve`` options of a LoRA run (none without one): one adapter
+    at a time, of the recipe's rank."""
+    if not model_cfg.lora.enabled:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": vllm_lora_rank(model_cfg.lora.rank),
+        "max_loras": 1,
+    }
+
+
 def llm_options(cfg: VLLMConfig, model_cfg: ModelConfig, path: Path) -> dict[str, Any]:
     """``LLM(**options)`` for ``rollout.vllm`` (its values checked when the recipe loaded)."""
-    return {
+    return lora_options(model_cfg) | {
         "model": str(path),
         "dtype": cfg.dtype or model_cfg.dtype,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
@@ -82,7 +114,9 @@ class VLLMEngine(ChunkedEngine):
 
     Weights go in through a safetensors file that ``RltoolWorkerExtension`` reloads in
     place. ``chunk_tokens``: generations run in calls of that many tokens, and weights
-    that arrived meanwhile are applied between calls (partial rollouts).
+    that arrived meanwhile are applied between calls (partial rollouts). ``max_lora_rank``
+    (the ``LLM`` was started with ``enable_lora``): syncs send adapters, loaded as a
+    ``LoRARequest`` with a new id each time (vLLM caches adapters by id).
     """
 
     def __init__(
@@ -93,9 +127,15 @@ class VLLMEngine(ChunkedEngine):
         model_step: int = 0,
         chunk_tokens: int | None = None,
         sleep_mode: bool = False,
+        max_lora_rank: int | None = None,
     ):
         super().__init__(tokenizer, model, chunk_tokens, model_step)
         self.vllm = import_vllm()
+        self.max_lora_rank = max_lora_rank
+        self.takes_adapters = max_lora_rank is not None
+        self._lora: Any = None  # the LoRARequest every generation names; None: the base
+        self._lora_path: Path | None = None
+        self._lora_ids = itertools.count(1)  # vLLM's adapter ids start at 1
         self.llm = llm
         self.sleep_mode = sleep_mode
         self._asleep = False
@@ -109,15 +149,49 @@ class VLLMEngine(ChunkedEngine):
         path = self._dir / f"weights_{next(self._files)}_step_{model_step}.safetensors"
         return write_weights_file(state_dict, path, drop_tied=True)
 
+    def _write_adapter(self, payload: AdapterPayload, model_step: int) -> Path:
+        """peft's folder in this engine's temporary folder."""
+        if not self.takes_adapters:
+            return super()._write_adapter(payload, model_step)
+        if payload.rank > self.max_lora_rank:
+            raise ValueError(
+                f"a LoRA adapter of rank {payload.rank} for a vLLM engine started with "
+                f"max_lora_rank {self.max_lora_rank}: model.lora.rank must match the run's"
+            )
+        return write_adapter(payload, self._dir / f"adapter_{next(self._files)}_step_{model_step}")
+
     def _load_file(self, path: Path, step: int) -> None:
-        """Reload ``path`` in every worker, stamp the step, drop the prefix cache (its KV
-        blocks were computed with the old weights)."""
+        """Load an adapter folder, or reload the weights file ``path`` in every worker,
+        stamp the step; drop the prefix cache (its KV blocks were computed with the old
+        weights)."""
         self._wake()
-        steps = self.llm.collective_rpc("rltool_load_weights", args=(str(path), step))
-        assert set(steps) == {step}, f"workers loaded steps {steps}, expected {step}"
+        if path.is_dir():
+            self._load_adapter(path, step)
+        else:
+            steps = self.llm.collective_rpc("rltool_load_weights", args=(str(path), step))
+            assert set(steps) == {step}, f"workers loaded steps {steps}, expected {step}"
+            self._drop_adapter()  # the new full weights replace base + adapter
+            path.unlink()
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
-        path.unlink()
+
+    def _load_adapter(self, path: Path, step: int) -> None:
+        """Add the adapter at ``path`` under a new id (the old id would be served from
+        vLLM's cache), then remove the previous one and its folder (memory stays bounded)."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._lora_ids)
+        request = LoRARequest(f"rltool-step{step}-{lora_id}", lora_id, str(path))
+        if not self.llm.llm_engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter at {path}")
+        self._drop_adapter()
+        self._lora, self._lora_path = request, path
+
+    def _drop_adapter(self) -> None:
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            discard(self._lora_path)
+            self._lora, self._lora_path = None, None
 
     def _start_generate(self) -> None:
         self._wake()
@@ -144,7 +218,7 @@ class VLLMEngine(ChunkedEngine):
         for (n, max_tokens), indices in batches.items():
             params = sampling_params(self.vllm, sampling, n, max_tokens, self.eos)
             prompts = [{"prompt_token_ids": list(requests[i].context)} for i in indices]
-            answers = self.llm.generate(prompts, params, use_tqdm=False)
+            answers = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
             for i, answer in zip(indices, answers, strict=True):
                 out[i] = [_completion(c) for c in answer.outputs]
         return out
@@ -189,4 +263,5 @@ def build_vllm_engine(
         model=model,
         chunk_tokens=rollout.chunk_tokens,
         sleep_mode=rollout.vllm.enable_sleep_mode,
+        max_lora_rank=options.get("max_lora_rank"),
     )

@@ -1,13 +1,15 @@
 """How the trainer's weights reach an engine that holds its own copy (vLLM, servers).
 
 ``write_weights_file`` writes a state dict as one safetensors file, atomically;
-``PendingWeights`` applies a written file at once, or, during a ``generate``, at the next
-pause point or when the call ends. Design: docs/engines.md#weight-hand-off
+``PendingWeights`` applies a written file (or a LoRA adapter's folder) at once, or,
+during a ``generate``, at the next pause point or when the call ends.
+Design: docs/engines.md#weight-hand-off
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -52,6 +54,14 @@ def write_weights_file(
     return path
 
 
+def discard(path: Path) -> None:
+    """Remove a written weights file, or an adapter's folder (``lora_sync.write_adapter``)."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 class PendingWeights:
     """The step of the weights an engine holds, and a written file waiting to be applied.
 
@@ -83,10 +93,10 @@ class PendingWeights:
             try:
                 self._check_locked(step)
             except ValueError:
-                path.unlink(missing_ok=True)
+                discard(path)
                 raise
             if self._pending is not None and self._pending[0] != path:
-                self._pending[0].unlink(missing_ok=True)
+                discard(self._pending[0])
             self._pending = (path, step)
             if not self._generating:
                 self._apply_locked()

@@ -54,6 +54,8 @@ class RolloutBackend(ABC):
     """Generates groups with the current rollout weights."""
 
     shares_model = False  # True: generates with the trainer's own model object (no copy)
+    # True: its engines load a LoRA policy's adapters (rltool.lora_sync.AdapterPayload)
+    takes_adapters = False
 
     @abstractmethod
     def submit(self, requests: Sequence[GroupRequest]) -> None:

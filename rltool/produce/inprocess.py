@@ -36,6 +36,7 @@ class InProcessBackend(RolloutBackend):
         elif model is not None:  # LoRA: the base model with its live adapter layers
             model = engine_model(model)
         self.worker = RolloutWorker(recipe, model=model, tokenizer=tokenizer, name="inprocess")
+        self.takes_adapters = self.worker.engine.takes_adapters
         self._queued: list[GroupRequest] = []  # sync: submitted, generated at collect
         self._jobs: dict[Future, list[GroupRequest]] = {}  # async: one future per submit
         self._executor: ThreadPoolExecutor | None = None

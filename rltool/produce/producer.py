@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
-from rltool.lora import rollout_state_dict
+from rltool.lora_sync import rollout_weights
 from rltool.metric_names import EXPIRED_SAMPLES, STALE_TOKENS
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.buffer import BufferConfig, ReplayBuffer
@@ -115,10 +115,10 @@ class Producer:
         """After a train step: hand the weights over every ``sync_interval`` steps (every
         step in sync mode, where generation must be on-policy)."""
         if force or not self.concurrent or train_step % self.sync_interval == 0:
-            # a LoRA policy's adapters merged in, under the base names (rltool/lora.py);
-            # a backend sharing the model object reads nothing from the state dict
-            shared = self.backend.shares_model
-            weights = model.state_dict() if shared else rollout_state_dict(model)
+            # a LoRA policy's adapters, or its merged weights (rltool/lora_sync.py); a
+            # backend sharing the model object reads nothing from the state dict
+            shared, adapters = self.backend.shares_model, self.backend.takes_adapters
+            weights = model.state_dict() if shared else rollout_weights(model, adapters)
             self.backend.update_weights(weights, train_step)
 
     def generation_overlap(self, start: float, end: float) -> float:

@@ -1,11 +1,13 @@
 """``VLLMEngine`` in the main environment, on a stand-in for vLLM's ``LLM`` backed by an HF
 engine: the shared base (chunked.py) as the vLLM engine drives it (a group's prompt once
 with ``n``, pause points, stop strings across them, step stamps) and the weights it sends
-(a LoRA policy merged under the base names). The real vLLM: tests/vllm_env."""
+(a LoRA policy merged under the base names), and, started with ``enable_lora``, the
+adapters it loads instead (peft reads them). The real vLLM: tests/vllm_env."""
 
 from __future__ import annotations
 
 import copy
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,7 +49,10 @@ class FakeLLM:
     def reset_prefix_cache(self) -> bool:
         return True
 
-    def generate(self, prompts: list[dict], params: Any, use_tqdm: bool) -> list[Any]:
+    def generate(
+        self, prompts: list[dict], params: Any, use_tqdm: bool, lora_request: Any = None
+    ) -> list[Any]:
+        assert lora_request is None  # the stand-in serves its model's weights only
         self.calls.append((params.n, params.max_tokens, len(prompts)))
         sampling = SamplingConfig(
             temperature=params.temperature,
@@ -156,3 +161,71 @@ def test_sync_weights_of_a_lora_policy_sends_merged_base_weights(model, tokenize
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert all(g.model_steps == [1] * len(g.token_ids) for g in got)
     engine.shutdown()
+
+
+class FakeLoraLLM(FakeLLM):
+    """``FakeLLM`` started with ``enable_lora``: ``add_lora`` reads the adapter folder with
+    peft (what vLLM's loader reads), generations that name it sample base + adapter."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any):
+        super().__init__(model, tokenizer)
+        self.adapters: dict[int, HFEngine] = {}
+        self.removed: list[int] = []
+        self.llm_engine = SimpleNamespace(
+            add_lora=self._add, remove_lora=self._remove, list_loras=lambda: set(self.adapters)
+        )
+
+    def _add(self, request: Any) -> bool:
+        from peft import PeftModel
+
+        base = copy.deepcopy(self.hf.model)
+        merged = PeftModel.from_pretrained(base, request.lora_path).merge_and_unload()
+        self.adapters[request.lora_int_id] = HFEngine(merged.eval(), self.hf.tokenizer)
+        return True
+
+    def _remove(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return self.adapters.pop(lora_id) is not None
+
+    def generate(self, prompts, params, use_tqdm, lora_request=None):
+        if lora_request is None:
+            return super().generate(prompts, params, use_tqdm)
+        hf, self.hf = self.hf, self.adapters[lora_request.lora_int_id]
+        try:
+            return super().generate(prompts, params, use_tqdm)
+        finally:
+            self.hf = hf
+
+
+def test_a_lora_engine_loads_adapters_under_a_new_id_each_sync(model, tokenizer, monkeypatch):
+    pytest.importorskip("peft")
+    lora_module = SimpleNamespace(LoRARequest=_lora_request)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", lora_module)
+    policy = apply_lora(copy.deepcopy(model), LoraConfig(rank=4, alpha=8))
+    llm = FakeLoraLLM(copy.deepcopy(model), tokenizer)
+    engine = VLLMEngine(llm, tokenizer, model=engine_model(policy), max_lora_rank=8)
+    prompts = _prompts(tokenizer, 3)
+    folders = []
+    for step, seed in ((1, 3), (2, 4)):
+        torch.manual_seed(seed)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.5)  # B != 0: the adapters change the outputs
+        engine.sync_weights(step)
+        folders.append(engine._lora_path)
+        got = engine.generate(prompts, GREEDY)
+        want = HFEngine(merged_copy(policy).eval(), tokenizer).generate(prompts, GREEDY)
+        assert [g.token_ids for g in got] == [w.token_ids for w in want]
+        assert all(set(g.model_steps) == {step} for g in got)
+    assert llm.loaded == []  # no full weights were sent
+    assert (set(llm.adapters), llm.removed) == ({2}, [1])  # a new id, the old one removed
+    assert not folders[0].exists() and folders[1].is_dir()
+    big = apply_lora(copy.deepcopy(model), LoraConfig(rank=16, alpha=8))
+    engine.model = engine_model(big)
+    with pytest.raises(ValueError, match=r"rank 16 .* max_lora_rank 8"):
+        engine.sync_weights(3)
+    engine.shutdown()
+
+
+def _lora_request(name: str, lora_int_id: int, lora_path: str) -> Any:
+    return SimpleNamespace(lora_name=name, lora_int_id=lora_int_id, lora_path=lora_path)

@@ -90,3 +90,17 @@ def test_eos_ids_join_the_tokenizer_and_the_generation_config(tokenizer):
     )
     assert eos_ids(tokenizer, model) == sorted({7, tokenizer.eos_token_id})
     assert eos_ids(tokenizer, None) == [tokenizer.eos_token_id]
+
+
+def test_a_lora_run_starts_vllm_with_adapters_of_its_rank(tmp_path):
+    from rltool.config.schema import LoraConfig
+    from rltool.engines.vllm import vllm_lora_rank
+
+    model_cfg = ModelConfig(lora=LoraConfig(enabled=True, rank=16))
+    opts = llm_options(VLLMConfig(), model_cfg, tmp_path)
+    assert (opts["enable_lora"], opts["max_lora_rank"], opts["max_loras"]) == (True, 16, 1)
+    assert "enable_lora" not in llm_options(VLLMConfig(), ModelConfig(), tmp_path)
+    # vLLM takes ranks 1, 8, 16, 32, ...: the smallest that holds the recipe's
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+    with pytest.raises(ValueError, match=r"model.lora.rank = 513: .* at most 512"):
+        vllm_lora_rank(513)
