@@ -219,6 +219,7 @@ def one_of(*names: str, pattern: str | None = None, shown: str = "") -> Names:
 
 NAMES: dict[str, Names] = {
     "model.dtype": one_of("float32", "bfloat16", "float16"),
+    "model.lora.sync": one_of("adapters", "merged"),
     "model.device": one_of("auto", "cpu", "cuda", pattern=r"cuda:\d+", shown="cuda:N"),
     # the attentions packed rows train with (training/attention.py picks their kernels)
     "model.attn_implementation": one_of(

@@ -26,6 +26,9 @@ class LoraConfig:
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
         ]
     )  # fmt: skip
+    # what a weight sync sends to an engine that loads adapters (vLLM, in process or
+    # served): adapters (megabytes; vLLM's LoRA kernels) | merged (full weights, base kernels)
+    sync: str = "adapters"
 
 
 @dataclass

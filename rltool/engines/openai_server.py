@@ -36,7 +36,8 @@ from rltool.rollout.vocab import first_bad_id, id_problem
 
 LORA_HINT = (
     "A LoRA run sends adapters: start vLLM with --enable-lora --max-lora-rank R (at least "
-    "model.lora.rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (vllm_serve_args, docs/lora.md)"
+    "model.lora.rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (vllm_serve_args, docs/lora.md), "
+    "or set model.lora.sync=merged to send merged weights"
 )
 RESET_TRIES = 20  # /reset_prefix_cache answers false while blocks are held: try again
 
@@ -278,5 +279,5 @@ def build_openai_server_engine(
         logprobs_method=opts.logprobs_method,
         chunk_tokens=rollout.chunk_tokens,
         model=model,
-        takes_adapters=model_cfg.lora.enabled,
+        takes_adapters=model_cfg.lora.enabled and model_cfg.lora.sync == "adapters",
     )

@@ -61,8 +61,9 @@ def vllm_lora_rank(rank: int) -> int:
 
 def lora_options(model_cfg: ModelConfig) -> dict[str, Any]:
     """The ``LLM``/``vllm serve`` options of a LoRA run (none without one): one adapter
-    at a time, of the recipe's rank."""
-    if not model_cfg.lora.enabled:
+    at a time, of the recipe's rank (``model.lora.sync: merged``: none, syncs send merged
+    weights and vLLM runs its base kernels)."""
+    if not model_cfg.lora.enabled or model_cfg.lora.sync == "merged":
         return {}
     return {
         "enable_lora": True,

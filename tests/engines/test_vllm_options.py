@@ -57,6 +57,8 @@ def test_llm_options_follow_the_recipe(tmp_path):
          "rollout.vllm.tensor_parallel_size = 0: must be >= 1"),
         ("rollout.vllm.max_model_len=0", "rollout.vllm.max_model_len = 0: must be >= 1 or null"),
         ("rollout.vllm.seed=-1", "rollout.vllm.seed = -1: must be >= 0"),
+        ("model.lora.sync=full",
+         "model.lora.sync = 'full': must be one of: adapters, merged"),
     ],
 )  # fmt: skip
 def test_vllm_options_are_range_checked(override, line):
@@ -100,6 +102,8 @@ def test_a_lora_run_starts_vllm_with_adapters_of_its_rank(tmp_path):
     opts = llm_options(VLLMConfig(), model_cfg, tmp_path)
     assert (opts["enable_lora"], opts["max_lora_rank"], opts["max_loras"]) == (True, 16, 1)
     assert "enable_lora" not in llm_options(VLLMConfig(), ModelConfig(), tmp_path)
+    merged = ModelConfig(lora=LoraConfig(enabled=True, rank=16, sync="merged"))
+    assert "enable_lora" not in llm_options(VLLMConfig(), merged, tmp_path)  # base kernels
     # vLLM takes ranks 1, 8, 16, 32, ...: the smallest that holds the recipe's
     assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
     with pytest.raises(ValueError, match=r"model.lora.rank = 513: .* at most 512"):
