@@ -217,6 +217,12 @@ AttentionMaskInterface.register("sdpa", _sdpa_mask)
 assert ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is _sdpa_mask
 
 
+def exclude_from_compile() -> None:
+    """Register ``segment_attention`` as never compiled (trainer.compile: its groups differ per
+    row, so compiled layers call it eagerly between their compiled parts)."""
+    AttentionInterface.register("sdpa", torch.compiler.disable(segment_attention, recursive=True))
+
+
 @contextmanager
 def no_mask() -> Iterator[None]:
     """The sdpa mask function of this thread returns None (a segmented forward)."""
