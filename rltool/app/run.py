@@ -230,6 +230,7 @@ def build_updater(recipe: RecipeConfig, model: Any, shard: Shard | None = None) 
         norm_len=recipe.rollout.sampling.max_new_tokens,  # Dr.GRPO's constant length
         distill=recipe.distill,  # coef of the distillation loss (packs with teacher targets)
         shard=shard,
+        compile=recipe.trainer.compile,  # compiled decoder layers in the train step
     )
 
 

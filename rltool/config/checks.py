@@ -244,6 +244,7 @@ NAMES: dict[str, Names] = {
     "algorithm.rollout_correction.weights": one_of(*correction.WEIGHTS),
     "algorithm.rollout_correction.reject[*].criterion": one_of(*correction.CRITERIA),
     "trainer.alarms.stop_on[*]": one_of(*ALARM_NAMES),  # app/alarms.py
+    "trainer.compile": one_of("off", "layers"),  # training/compiled.py's COMPILE_MODES
 }
 
 # names of a registry that a higher layer fills: checked by rltool/app/recipe_names.py
@@ -301,6 +302,19 @@ def check_values(cfg: RecipeConfig) -> list[str]:
     schema order."""
     problems = (check_value(key, value, pattern) for key, pattern, value in leaves(cfg))
     return [p for p in problems if p is not None]
+
+
+def combination_problems(cfg: RecipeConfig) -> list[str]:
+    """One line per pair of keys whose values cannot go together."""
+    problems = []
+    if cfg.trainer.compile != "off" and cfg.distributed.activation_checkpointing:
+        problems.append(
+            f"trainer.compile = {cfg.trainer.compile!r} with distributed.activation_checkpointing"
+            " = true: a checkpointed layer recomputes its forward eagerly in the backward, "
+            "which does not match the compiled forward; set trainer.compile: off or "
+            "distributed.activation_checkpointing: false"
+        )
+    return problems
 
 
 def check_value(key: str, value: Any, pattern: str | None = None) -> str | None:

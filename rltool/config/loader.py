@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rltool.config.checks import check_values
+from rltool.config.checks import check_values, combination_problems
 from rltool.config.correction import form_problems
 from rltool.config.schema import RecipeConfig
 
@@ -61,8 +61,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RecipeConfig
 def check_recipe_values(cfg: RecipeConfig, source: str) -> None:
     """ValueError listing every key out of its range or not one of its names, and every
     threshold of the wrong form in ``algorithm.rollout_correction`` (``source`` names the
-    recipe)."""
-    raise_problems(check_values(cfg) + form_problems(cfg.algorithm), source)
+    recipe), and every pair of keys that cannot go together."""
+    problems = check_values(cfg) + form_problems(cfg.algorithm) + combination_problems(cfg)
+    raise_problems(problems, source)
 
 
 def raise_problems(problems: list[str], source: str) -> None:

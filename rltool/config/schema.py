@@ -359,6 +359,9 @@ class TrainerConfig:
     # torch's intra-op threads for this run (float sums depend on the count); null = the
     # machine's default, which trainer.deterministic warns about
     threads: int | None = None
+    # off | layers: the train step's forwards run torch.compile'd decoder layers (attention
+    # eager); eager is the reference; the first step pays the compile: docs/foundations.md
+    compile: str = "off"
     alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
 
 

@@ -9,7 +9,7 @@ Conversion picks the kernel (``choose_kernels``, recorded on every ``Pack``) and
   in N; samples of similar length batched): ``segment_attention``, registered as
   transformers' ``sdpa`` (unchanged for a forward without ``Segments``);
 - ``sdpa-tree``: shared-prefix rows on the CPU; each prefix causally alone, each
-  branch causally after a copy of its prefix (the prefix's recomputed outputs dropped);
+  branch's queries against its prefix's and its own keys (a small explicit mask);
 - ``flash-varlen``: plain rows with ``model.attn_implementation`` flash_attention_*:
   transformers' variable-length kernel, told the samples by ``cu_seq_lens``;
 - ``flex-block``: shared-prefix rows on CUDA: ``flex_attention`` with a ``BlockMask``;
@@ -98,37 +98,65 @@ def pieces_of(pack: Pack) -> list[Piece]:
     return out
 
 
+# a branch's group runs with an explicit [G, 1, Lq, Lk] mask up to this many elements (its
+# memory); a larger one takes the causal kernel and recomputes the prefix's queries instead
+MASK_BUDGET = 1 << 24
+
+
 @dataclass(frozen=True, slots=True)
 class Segments:
-    """A row's pieces batched for SDPA: pieces of similar length (within 5:4) share a call,
-    each padded at its end (causal attention never reads a later key, and the padded
-    rows' outputs are dropped)."""
+    """A row's pieces batched for SDPA: pieces of similar length (within 5:4) and the same
+    kind (with or without a prefix) share a call, each padded at its end by repeating its
+    last position (the padded rows' outputs are dropped).
 
-    groups: tuple[torch.Tensor, ...]  # [G, L] long: row positions of each piece, padded
+    A group without prefixes is causal attention over its keys. A group of branches asks
+    only its branches' queries, against prefix + branch keys, under a mask aligned to the
+    last key (query i of a piece with a prefix of P sees keys j <= P + i): the prefix's
+    queries are not recomputed per branch. Over ``MASK_BUDGET`` it runs causal instead."""
+
+    groups: tuple[torch.Tensor, ...]  # [G, Lk] long: row positions of each piece's keys, padded
+    queries: tuple[torch.Tensor | None, ...]  # [G, Lq] long: the branch positions; None: causal
+    masks: tuple[torch.Tensor | None, ...]  # [G, 1, Lq, Lk] bool, True = attend; None: causal
     take: torch.Tensor  # [N] long: each row position's output in the groups' flat outputs
 
 
 def segments_of(pack: Pack, device: torch.device | str = "cpu") -> Segments:
     pieces = pieces_of(pack)
     size = [p1 - p0 + e - a for p0, p1, a, e in pieces]
-    order = sorted(range(len(pieces)), key=lambda i: -size[i])
+    shared = [p1 > p0 for p0, p1, _, _ in pieces]
+    order = sorted(range(len(pieces)), key=lambda i: (shared[i], -size[i]))
     take = torch.empty(len(pack), dtype=torch.long)  # [N]
     groups: list[torch.Tensor] = []
+    queries: list[torch.Tensor | None] = []
+    masks: list[torch.Tensor | None] = []
     base, i = 0, 0
     while i < len(order):
-        length, members = size[order[i]], []
-        while i < len(order) and 5 * size[order[i]] >= 4 * length:
+        length, kind, members = size[order[i]], shared[order[i]], []
+        while i < len(order) and shared[order[i]] == kind and 5 * size[order[i]] >= 4 * length:
             members.append(order[i])
             i += 1
-        idx = torch.empty(len(members), length, dtype=torch.long)  # [G, L]
+        lq = max(pieces[j][3] - pieces[j][2] for j in members)
+        masked = kind and len(members) * lq * length <= MASK_BUDGET
+        idx = torch.empty(len(members), length, dtype=torch.long)  # [G, Lk]
+        q_idx = torch.empty(len(members), lq, dtype=torch.long)  # [G, Lq]
+        prefix = torch.empty(len(members), dtype=torch.long)  # [G]
         for r, j in enumerate(members):
             p0, p1, a, e = pieces[j]
             pos = torch.cat([torch.arange(p0, p1), torch.arange(a, e)])
             idx[r, : pos.numel()], idx[r, pos.numel() :] = pos, e - 1
-            take[a:e] = base + r * length + (p1 - p0) + torch.arange(e - a)
+            q_idx[r, : e - a], q_idx[r, e - a :] = torch.arange(a, e), e - 1
+            prefix[r] = p1 - p0
+            first = base + r * lq if masked else base + r * length + (p1 - p0)
+            take[a:e] = first + torch.arange(e - a)
         groups.append(idx.to(device))
-        base += idx.numel()
-    return Segments(tuple(groups), take.to(device))
+        queries.append(q_idx.to(device) if masked else None)
+        mask = None
+        if masked:  # [G, 1, Lq, Lk]: key j <= P + i; padded queries see real keys only
+            keys, rows = torch.arange(length), torch.arange(lq)
+            mask = (keys[None, None, :] <= prefix[:, None, None] + rows[None, :, None])[:, None]
+        masks.append(mask.to(device) if mask is not None else None)
+        base += idx.numel() if not masked else q_idx.numel()
+    return Segments(tuple(groups), tuple(queries), tuple(masks), take.to(device))
 
 
 def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -147,7 +175,7 @@ def segment_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' ``sdpa`` attention, extended: a row's ``Segments`` (keyword
-    ``rltool_segments``) run as causal SDPA per group of pieces, a ``BlockMask`` runs
+    ``rltool_segments``) run as SDPA per group of pieces, a ``BlockMask`` runs
     flex_attention, and anything else is transformers' sdpa unchanged."""
     seg: Segments | None = kwargs.pop(SEGMENTS_KWARG, None)
     if seg is None and isinstance(attention_mask, BlockMask):
@@ -162,13 +190,13 @@ def segment_attention(
         raise ValueError("sliding-window attention layers: set model.attn_implementation eager")
     n_rep = query.shape[1] // key.shape[1]
     outs = []
-    for idx in seg.groups:
-        q = _gather(query, idx)  # [G, H, L, D]
+    for idx, q_idx, mask in zip(seg.groups, seg.queries, seg.masks, strict=True):
+        q = _gather(query, idx if q_idx is None else q_idx)  # [G, H, Lq, D]
         k, v = repeat_kv(_gather(key, idx), n_rep), repeat_kv(_gather(value, idx), n_rep)
         o = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling
-        )
-        outs.append(o.transpose(0, 1).flatten(1, 2))  # [H, G * L, D]
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling
+        )  # [G, H, Lq, D]
+        outs.append(o.transpose(0, 1).flatten(1, 2))  # [H, G * Lq, D]
     out = torch.cat(outs, 1)[:, seg.take]  # [H, N, D]
     return out.transpose(0, 1)[None].contiguous(), None  # [1, N, H, D]
 
@@ -187,6 +215,12 @@ def _sdpa_mask(*args, **kwargs) -> torch.Tensor | None:
 AttentionInterface.register("sdpa", segment_attention)
 AttentionMaskInterface.register("sdpa", _sdpa_mask)
 assert ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is _sdpa_mask
+
+
+def exclude_from_compile() -> None:
+    """Register ``segment_attention`` as never compiled (trainer.compile: its groups differ per
+    row, so compiled layers call it eagerly between their compiled parts)."""
+    AttentionInterface.register("sdpa", torch.compiler.disable(segment_attention, recursive=True))
 
 
 @contextmanager

@@ -36,6 +36,7 @@ from rltool.config.schema import AlgorithmConfig, DistillConfig
 from rltool.models import model_device
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.batch import Pack
+from rltool.training.compiled import CompiledLayers
 from rltool.training.distill import distill_term, forward_logprobs_distill
 from rltool.training.logprobs import check_attention, forward_logprobs
 from rltool.training.losses import (
@@ -96,11 +97,14 @@ class PolicyUpdater:
         norm_len: int | None = None,
         distill: DistillConfig | None = None,
         shard: Shard | None = None,
+        compile: str = "off",
     ) -> None:
         """``norm_len``: the constant of ``seq-mean-token-sum-norm`` (max response tokens).
         ``distill``: its ``coef`` weighs the distillation loss of packs that carry teacher
         targets (default 1.0). ``shard``: the data-parallel group of an FSDP2 ``model``;
-        every rank calls ``step`` with the same packs and trains its token-balanced share."""
+        every rank calls ``step`` with the same packs and trains its token-balanced share.
+        ``compile``: ``layers`` runs the step's forwards with compiled decoder layers
+        (trainer.compile, training/compiled.py)."""
         if algo.loss_agg == "seq-mean-token-sum-norm" and not norm_len:
             raise ValueError(
                 "algorithm.loss_agg 'seq-mean-token-sum-norm' needs norm_len "
@@ -121,6 +125,7 @@ class PolicyUpdater:
         self.shard = shard
         # MoE policies: replay (algorithm.routing_replay) and the mismatch metric
         self.routing = RoutingReplay.for_models(model, ref_model, algo.routing_replay)
+        self.compiled = CompiledLayers(model) if compile == "layers" else None
 
     def step(self, packs: list[Pack]) -> dict[str, float]:
         """One train step over every pack; returns ``actor/*`` metrics."""
@@ -129,7 +134,8 @@ class PolicyUpdater:
         check_attention(self.model, packs)  # the kernels conversion chose
         if self.routing is not None:
             self.routing.start_step()
-        with _dropout_off(self.model, self.ref_model):
+        compiled = self.compiled.active() if self.compiled is not None else nullcontext()
+        with _dropout_off(self.model, self.ref_model), compiled:
             metrics = self._step(packs)
         return metrics | (self.routing.metrics() if self.routing is not None else {})
 

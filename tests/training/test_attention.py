@@ -13,6 +13,7 @@ from tiny_models import random_qwen2
 from token_margins import stable_length, top_gaps
 from transformers import masking_utils
 
+from rltool.training import attention
 from rltool.training.attention import (
     DENSE,
     FLASH_VARLEN,
@@ -192,21 +193,51 @@ def test_pieces_worked_by_hand() -> None:
 
 
 def test_segments_batch_similar_lengths_padded_at_the_end() -> None:
-    """Pieces (prefix + own positions) of 5, 7, 9, 11 keys (tree 0) and 3, 5, 7, 9 (tree 1):
-    calls of sizes within 5:4 of the longest, 11 9 9 | 7 7 | 5 5 | 3, each piece padded by
-    repeating its last position."""
+    """Prefixes of 5 and 3 positions run causally alone (5 and 3 are not within 5:4: two
+    calls). Branch pieces (prefix + own positions) of 7, 9, 11 keys (tree 0) and 5, 7, 9
+    (tree 1) group within 5:4 of the longest, 11 9 9 | 7 7 | 5, each padded by repeating its
+    last position; they ask only their own positions' queries, under a mask that lets query
+    i see keys j <= prefix + i."""
     row = share_prefixes(grpo_rows(), max_len=64).packs[0]
     seg = segments_of(row)
-    assert [tuple(g.shape) for g in seg.groups] == [(3, 11), (2, 7), (2, 5), (1, 3)]
-    assert seg.groups[0].tolist() == [
+    assert [tuple(g.shape) for g in seg.groups] == [(1, 5), (1, 3), (3, 11), (2, 7), (1, 5)]
+    assert [None if q is None else tuple(q.shape) for q in seg.queries] == [
+        None, None, (3, 6), (2, 4), (1, 2),
+    ]  # fmt: skip
+    assert seg.masks[0] is None and seg.masks[1] is None
+    assert seg.groups[2].tolist() == [
         [0, 1, 2, 3, 4, 11, 12, 13, 14, 15, 16],
         [0, 1, 2, 3, 4, 7, 8, 9, 10, 10, 10],
         [17, 18, 19, 26, 27, 28, 29, 30, 31, 31, 31],
     ]
+    assert seg.queries[2].tolist() == [
+        [11, 12, 13, 14, 15, 16],
+        [7, 8, 9, 10, 10, 10],
+        [26, 27, 28, 29, 30, 31],
+    ]
+    mask = seg.masks[2]  # [3, 1, 6, 11]: keys seen per query, prefix 5, 5 and 3
+    assert mask.sum(-1)[:, 0].tolist() == [[6, 7, 8, 9, 10, 11], [6, 7, 8, 9, 10, 11],
+                                           [4, 5, 6, 7, 8, 9]]  # fmt: skip
+    # query 0 of tree 1's longest branch (position 26) sees its prefix 17..19 and itself
+    assert seg.groups[2][2][mask[2, 0, 0]].tolist() == [17, 18, 19, 26]
     # every row position takes exactly one output, from a slot that holds it
-    flat = torch.cat([g.flatten() for g in seg.groups])
+    outs = [g if q is None else q for g, q in zip(seg.groups, seg.queries, strict=True)]
+    flat = torch.cat([o.flatten() for o in outs])
     assert torch.equal(flat[seg.take], torch.arange(len(row)))
     assert seg.take.unique().numel() == len(row)
+
+
+def test_segments_over_the_mask_budget_run_causally(monkeypatch) -> None:
+    """A branch group whose mask would exceed MASK_BUDGET recomputes its prefix's queries
+    under the causal kernel instead; logits and gradients still equal the dense path's."""
+    row = share_prefixes(grpo_rows(), max_len=64).packs[0]
+    monkeypatch.setattr(attention, "MASK_BUDGET", 0)
+    seg = segments_of(row)
+    assert all(q is None and m is None for q, m in zip(seg.queries, seg.masks, strict=True))
+    assert [tuple(g.shape) for g in seg.groups] == [(1, 5), (1, 3), (3, 11), (2, 7), (1, 5)]
+    model = model_of()
+    reference = logits_and_grads(model, dataclasses.replace(row, attention=DENSE))
+    assert_same(logits_and_grads(model, row), reference, 2e-6)
 
 
 def test_flex_mask_mod_is_the_dense_mask() -> None:
