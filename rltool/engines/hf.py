@@ -112,9 +112,8 @@ class _RowsSoFar:
 
 class HFEngine(RolloutEngine):
     """Batched ``generate``; on the trainer's own model object (sync, no weight copy) or on a
-    copy that takes the trainer's weights through ``load_weights`` (async). A shared model
-    with LoRA layers is generated on a plain merged copy that ``sync_weights`` refreshes:
-    peft's wrapped linears would run in every decode step (docs/lora.md)."""
+    copy that takes the trainer's weights through ``load_weights`` (async; and a shared LoRA
+    policy, whose merged copy ``sync_weights`` refreshes: no peft layer in the decode loop)."""
 
     def __init__(
         self,
@@ -173,8 +172,8 @@ class HFEngine(RolloutEngine):
         return self._pending is not None  # one reference read: no lock needed
 
     def sync_weights(self, model_step: int) -> None:
-        """Record the step: the engine already samples from the trainer's model object; of a
-        shared LoRA policy, its merged weights are copied in now (``load_weights``)."""
+        """Record the step (the engine samples from the trainer's model object), or copy a
+        shared LoRA policy's merged weights in (``load_weights``)."""
         if model_step < self._model_step:
             raise ValueError(f"sync_weights({model_step}) goes back from step {self._model_step}")
         if self._lora_source is not None:
