@@ -1,14 +1,15 @@
 """LoRA adapters on the policy (``model.lora``, with ``peft``: ``pip install 'rltool[lora]'``).
 
 The trainer's model becomes a ``PeftModel`` whose base weights are frozen. What the rollout
-side sees: the in-process engine that shares the model object runs base + adapters as they
-are; every engine that holds its own copy (``load_weights``, and the ``sync_weights`` of
-vLLM and the server engine) receives what ``rltool.lora_sync.rollout_weights`` picks: the
-adapters where the engine loads LoRA adapters (vLLM with ``enable_lora``), else
-:func:`rollout_state_dict`, the merged weights ``W + scale * B @ A`` under the base
-model's own names (the trainer's model is not changed). The KL reference is the same
-model with its adapters switched off (:class:`AdapterFreeReference`): no second copy.
-Design: docs/lora.md
+side sees: every engine generates with plain weights. An engine that holds its own copy
+(``load_weights``, and the ``sync_weights`` of vLLM and the server engine) receives what
+``rltool.lora_sync.rollout_weights`` picks: the adapters where the engine loads LoRA adapters
+(vLLM with ``enable_lora``), else :func:`rollout_state_dict`, the merged weights
+``W + scale * B @ A`` under the base model's own names (the trainer's model is not changed).
+The HF engine handed the shared model in process generates on a plain merged copy
+(:func:`merged_copy`) that its ``sync_weights`` refreshes, so no peft layer sits in its
+decode loop. The KL reference is the same model with its adapters switched off
+(:class:`AdapterFreeReference`): no second copy. Design: docs/lora.md
 """
 
 from __future__ import annotations
@@ -127,11 +128,26 @@ def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def has_lora_layers(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs peft LoRA layers: a peft model, or the base model a shared
+    engine holds (``engine_model``)."""
+    return "peft" in sys.modules and next(_lora_layers(model), None) is not None
+
+
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A plain transformers model with the adapters folded in (``model`` unchanged)."""
-    if not is_lora(model):
-        return copy.deepcopy(model)
-    return copy.deepcopy(model).merge_and_unload()
+    """A plain transformers model with the adapters folded in (``model`` unchanged): of a
+    peft model, or of a base model with peft's layers inside (each replaced by its base
+    layer, which then takes the merged weights)."""
+    if is_lora(model):
+        return copy.deepcopy(model).merge_and_unload()
+    out = copy.deepcopy(model)
+    if not has_lora_layers(out):
+        return out
+    for name, layer in list(_lora_layers(out)):
+        parent, _, child = name.rpartition(".")
+        setattr(out.get_submodule(parent), child, layer.get_base_layer())
+    out.load_state_dict(rollout_state_dict(model), strict=True)
+    return out
 
 
 class AdapterFreeReference(torch.nn.Module):

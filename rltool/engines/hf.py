@@ -35,6 +35,8 @@ from rltool.engines.hf_routing import rows_routing
 from rltool.engines.hf_sampling import PerSampleSampler, SampleSeeds, generators
 from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights
 from rltool.engines.registry import ENGINES
+from rltool.lora import has_lora_layers, merged_copy
+from rltool.lora_sync import rollout_weights
 from rltool.models import embedding_rows
 from rltool.moe import find_routers, recording
 
@@ -111,7 +113,8 @@ class _RowsSoFar:
 
 class HFEngine(RolloutEngine):
     """Batched ``generate``; on the trainer's own model object (sync, no weight copy) or on a
-    copy that takes the trainer's weights through ``load_weights`` (async)."""
+    copy that takes the trainer's weights through ``load_weights`` (async; and a shared LoRA
+    policy, whose merged copy ``sync_weights`` refreshes: no peft layer in the decode loop)."""
 
     def __init__(
         self,
@@ -130,6 +133,10 @@ class HFEngine(RolloutEngine):
         (``generate``)."""
         if decode not in ("lean", "reference"):
             raise ValueError(f"decode={decode!r}: expected 'lean' or 'reference'")
+        # the trainer's LoRA policy, shared: read at each sync, never generated with
+        self._lora_source = model if has_lora_layers(model) else None
+        if self._lora_source is not None:
+            model = merged_copy(model).requires_grad_(False)
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -166,9 +173,13 @@ class HFEngine(RolloutEngine):
         return self._pending is not None  # one reference read: no lock needed
 
     def sync_weights(self, model_step: int) -> None:
-        """Record the step: the engine already samples from the trainer's model object."""
+        """Record the step (the engine samples from the trainer's model object), or copy a
+        shared LoRA policy's merged weights in (``load_weights``)."""
         if model_step < self._model_step:
             raise ValueError(f"sync_weights({model_step}) goes back from step {self._model_step}")
+        if self._lora_source is not None:
+            self.load_weights(rollout_weights(self._lora_source, self.takes_adapters), model_step)
+            return
         self._model_step = model_step
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
