@@ -20,6 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,16 +68,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(demo_dir, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(REPO)}
+@contextmanager
+def vllm_served(command: list[str], env: dict[str, str], log: Path) -> Iterator[str]:
+    """``command`` (a ``vllm serve``) running, its output in ``log``: its ``/v1`` URL once
+    ``/models`` answers (a bounded wait; a server that exits fails the test with its log),
+    stopped with its process group afterwards."""
+    port = command[command.index("--port") + 1]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            serve_command(demo_dir, port), stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -99,6 +101,14 @@ def server(demo_dir, tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(REPO)}
+    with vllm_served(serve_command(demo_dir, _free_port()), env, log) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,6 @@ model's. Runs only where vLLM is installed (tests/vllm_env/)."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 
 import pytest
 
@@ -26,7 +23,7 @@ from rltool.lora import apply_lora, engine_model, merged_copy
 from rltool.lora_sync import adapter_payload, weights_nbytes
 from rltool.metric_names import ROLLOUT_WEIGHT_SYNC_BYTES
 from tests.vllm_env.test_vllm_engine import GREEDY, demo_dir, prompts, tokenizer  # noqa: F401
-from tests.vllm_env.test_vllm_server import REPO, SERVE, START_TIMEOUT_S, _free_port
+from tests.vllm_env.test_vllm_server import REPO, SERVE, _free_port, vllm_served
 
 SERVED = "demo"
 LORA = LoraConfig(enabled=True, rank=8, alpha=16, target_modules=["q_proj", "v_proj"])
@@ -44,33 +41,8 @@ def lora_server(demo_dir, tmp_path_factory):  # noqa: F811
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "PYTHONPATH": str(REPO),
     }
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not up in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+    with vllm_served(command, env, log) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 def test_syncs_load_adapters_and_greedy_equals_the_merged_model(
