@@ -2,20 +2,33 @@
 
 Importing the commands costs seconds (torch, transformers); a ``train --resume RUN`` of a
 run that another process trains is refused before that, in the time the interpreter takes
-to start (the train command checks again, and the driver holds the lock for the run).
+to start (the train command checks again, and the driver holds the lock for the run). And
+OpenMP's wait policy must be in the environment before torch loads its OpenMP runtime.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 
 def main() -> None:
+    passive_openmp_waits(os.environ)
     refuse_run_in_use(sys.argv[1:])
     from rltool.cli.app import main as app_main
 
     app_main()
+
+
+def passive_openmp_waits(environ: MutableMapping[str, str]) -> None:
+    """``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy: torch's OpenMP threads then
+    sleep between parallel regions instead of spinning. On cores another job also uses, a
+    spinning thread holds a core the others wait for (the demo step 10.3 s against 6.0 s
+    passive, two busy processes on 2 cores); on idle cores the two are alike
+    (docs/foundations.md). Child processes (Ray workers, torchrun ranks) inherit it."""
+    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def refuse_run_in_use(args: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""The ``rltool`` entry point refuses a run in use before torch is imported."""
+"""The ``rltool`` entry point, before torch is imported: refuses a run in use, sets
+OpenMP's wait policy."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import rltool
 from rltool.app.run_lock import RunLock
-from rltool.cli.entry import _resumed_run
+from rltool.cli.entry import _resumed_run, passive_openmp_waits
 
 # prints, at exit, whether the refusal imported torch
 PROBE = (
@@ -40,3 +41,30 @@ def test_only_a_train_resume_is_checked_early(tmp_path):
     assert _resumed_run(["eval", "--resume", "r"]) is None
     assert _resumed_run(["train", "recipe.yaml"]) is None
     assert _resumed_run([]) is None
+
+
+def test_openmp_waits_are_passive_unless_the_user_chose(tmp_path):
+    environ: dict[str, str] = {}
+    passive_openmp_waits(environ)
+    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
+    passive_openmp_waits(chosen)
+    assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_wait_policy_is_set_before_torch_loads(tmp_path):
+    # the refusal exits before the commands import torch: the policy is already set then
+    probe = PROBE.replace(
+        "'torch' in sys.modules", "'torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY')"
+    ).replace("import atexit, sys", "import atexit, os, sys")
+    run_dir = tmp_path / "run"
+    with RunLock(run_dir):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, "train", "--resume", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PYTHONPATH": str(Path(rltool.__file__).parents[1])},
+        )
+    assert done.returncode == 2, done.stderr
+    assert "torch imported: False PASSIVE" in done.stdout
