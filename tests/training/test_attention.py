@@ -223,6 +223,8 @@ def test_segments_batch_similar_lengths_padded_at_the_end() -> None:
     # every row position takes exactly one output, from a slot that holds it
     outs = [g if q is None else q for g, q in zip(seg.groups, seg.queries, strict=True)]
     flat = torch.cat([o.flatten() for o in outs])
+    assert torch.equal(seg.query_index, flat)  # all groups' queries, gathered in one call
+    assert torch.equal(seg.key_index, torch.cat([g.flatten() for g in seg.groups]))
     assert torch.equal(flat[seg.take], torch.arange(len(row)))
     assert seg.take.unique().numel() == len(row)
 
