@@ -236,10 +236,19 @@ AttentionMaskInterface.register("sdpa", _sdpa_mask)
 assert ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is _sdpa_mask
 
 
-def exclude_from_compile() -> None:
-    """Register ``segment_attention`` as never compiled (trainer.compile: its groups differ per
-    row, so compiled layers call it eagerly between their compiled parts)."""
-    AttentionInterface.register("sdpa", torch.compiler.disable(segment_attention, recursive=True))
+_UNCOMPILED = torch.compiler.disable(segment_attention, recursive=True)
+
+
+@contextmanager
+def excluded_from_compile() -> Iterator[None]:
+    """Inside: ``sdpa`` is ``segment_attention`` marked never compiled (trainer.compile: its
+    groups differ per row, so compiled layers call it eagerly between their compiled parts);
+    after: the plain function again, so nothing outlives the compiled forwards."""
+    AttentionInterface.register("sdpa", _UNCOMPILED)
+    try:
+        yield
+    finally:
+        AttentionInterface.register("sdpa", segment_attention)
 
 
 @contextmanager

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from rltool.training.attention import excluded_from_compile
+
 COMPILE_MODES = ("off", "layers")  # trainer.compile
 
 
@@ -32,15 +34,12 @@ class CompiledLayers:
     """Compiled twins of ``model``'s decoder layers, active inside ``active()``."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from rltool.training.attention import exclude_from_compile
-
         self.layers = decoder_layers(model)
         if not self.layers:
             raise ValueError(
                 f"trainer.compile: layers: {type(model).__name__} has no transformers decoder "
                 "layers (GradientCheckpointingLayer) to compile; set trainer.compile: off"
             )
-        exclude_from_compile()
         self._calls: list[Callable] = [
             torch.compile(layer._call_impl, dynamic=True) for layer in self.layers
         ]
@@ -50,7 +49,8 @@ class CompiledLayers:
         for layer, call in zip(self.layers, self._calls, strict=True):
             layer._compiled_call_impl = call  # what nn.Module.__call__ runs when set
         try:
-            yield
+            with excluded_from_compile():
+                yield
         finally:
             for layer in self.layers:
                 layer._compiled_call_impl = None

@@ -298,3 +298,14 @@ def test_a_kernel_the_model_cannot_run_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"flash_attention_\*"):
         check_attention(model, flash)
     check_attention(model, grpo_rows() + share_prefixes(grpo_rows()).packs)
+
+
+def test_the_compile_exclusion_ends_with_its_context() -> None:
+    """trainer.compile swaps in a never-compiled ``segment_attention`` for the compiled
+    forwards only; afterwards the plain function is transformers' ``sdpa`` again."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is attention.segment_attention
+    with attention.excluded_from_compile():
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is attention._UNCOMPILED
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is attention.segment_attention
