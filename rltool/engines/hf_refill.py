@@ -49,10 +49,7 @@ def _rebuild(
 ) -> _Live:
     """The unfinished rows of ``live`` followed by ``contexts`` (prompts ``first``...), in a
     new cache with room for ``width`` more columns; finished rows and dead columns are dropped."""
-    model, device = dec.model, dec.model.device
-    cfg = model.config.get_text_config(decoder=True)
-    heads = cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    device = dec.model.device
     if live is not None:
         sel = (~live.done).nonzero().squeeze(-1)  # [s]
         attended = live.keep[sel, : live.filled].any(0).nonzero()
@@ -64,20 +61,11 @@ def _rebuild(
     pn = 0 if ids is None else ids.shape[1]
     col = max(old_w, pn - 1)
     s, b, w = len(sel), len(sel) + len(contexts), col + width
-    prefix = dec._prefill(contexts, mask, pn - 1) if pn >= 2 else None
-    cache = Cache(layers=[_FilledLayer(w) for _ in range(cfg.num_hidden_layers)])
-    shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=device)
-    for i, layer in enumerate(cache.layers):
-        layer.lazy_initialization(shape, shape)
-        if s:
-            old = live.cache.layers[i]
-            layer.keys[:s, :, col - old_w : col] = old.keys[sel, :, lo : live.filled]
-            layer.values[:s, :, col - old_w : col] = old.values[sel, :, lo : live.filled]
-        if prefix is not None:
-            layer.keys[s:, :, col - pn + 1 : col] = prefix.layers[i].keys
-            layer.values[s:, :, col - pn + 1 : col] = prefix.layers[i].values
-        layer.filled = col
-        layer.cumulative_length.fill_(col)
+    if s == 0 and pn >= 2:  # only new contexts, at columns [0, col): the prefill's own cache
+        cache = dec._prefill(contexts, mask, w)
+    else:
+        prefix = dec._prefill(contexts, mask, pn - 1) if pn >= 2 else None
+        cache = _moved(dec, live, sel, lo, prefix, b, col, w)
     keep = torch.zeros((b, w), dtype=torch.bool, device=device)
     seq = torch.full((b, w + 1), dec.pad_id, dtype=torch.long, device=device)
     parts = ([], [], [])  # fed, pos, row
@@ -95,6 +83,41 @@ def _rebuild(
     fed, pos, row = (torch.cat(p) for p in parts)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     return _Live(cache, col, keep, seq, fed, pos, row, done)
+
+
+def _moved(
+    dec: LeanDecoder,
+    live: _Live | None,
+    sel: torch.Tensor,
+    lo: int,
+    prefix: Cache | None,
+    b: int,
+    col: int,
+    w: int,
+) -> Cache:
+    """A cache of ``b`` rows and ``w`` columns filled up to ``col``: the rows ``sel`` of
+    ``live`` (its columns ``lo``...), then the new contexts' rows of ``prefix``, all right-
+    aligned at ``col``."""
+    model, s = dec.model, len(sel)
+    cfg = model.config.get_text_config(decoder=True)
+    heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    cache = Cache(layers=[_FilledLayer(w) for _ in range(cfg.num_hidden_layers)])
+    shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=model.device)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(shape, shape)
+        if s:
+            old = live.cache.layers[i]
+            n = live.filled - lo
+            layer.keys[:s, :, col - n : col] = old.keys[sel, :, lo : live.filled]
+            layer.values[:s, :, col - n : col] = old.values[sel, :, lo : live.filled]
+        if prefix is not None:
+            n = prefix.layers[i].keys.shape[2]
+            layer.keys[s:, :, col - n : col] = prefix.layers[i].keys
+            layer.values[s:, :, col - n : col] = prefix.layers[i].values
+        layer.filled = col
+        layer.cumulative_length.fill_(col)
+    return cache
 
 
 @torch.no_grad()
