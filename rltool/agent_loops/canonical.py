@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from rltool.rollout.contract import Violation, check_samples, errors
+from rltool.rollout.contract import check_samples, errors
 from rltool.rollout.state import IGNORE_INDEX, RolloutState, Status
+from rltool.rollout.violation import Violation
 
 
 def _flat_logprobs(values: Any) -> np.ndarray:

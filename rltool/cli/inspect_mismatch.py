@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import typer
 
+from rltool.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 from rltool.config.correction import CorrectionSpec, resolve_correction
 from rltool.config.loader import RUN_CONFIG, resume_recipe
-from rltool.config.schema import AlgorithmConfig, ModelConfig, RolloutCorrectionConfig
+from rltool.config.schema import ModelConfig
 from rltool.report.console import make_console
 from rltool.report.inspect_view import Decoder
 from rltool.report.mismatch_view import (

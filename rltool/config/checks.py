@@ -7,7 +7,8 @@ once, keyed by the full recipe key (``*`` stands for any task index or mapping k
 the code that uses a value trusts it: no constructor checks it again (asserts only for
 the code's own invariants).
 
-Adding a key to ``schema.py``? Give it one home here (a test fails for a key without):
+Adding a key to ``schema.py`` (or ``algorithm.py``)? Give it one home here (a test fails
+for a key without):
 - a number: its range in ``RANGES``;
 - a name from a fixed set: ``NAMES["section.key"] = one_of("a", "b")``; code that needs
   the list reads it from there;
@@ -30,7 +31,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rltool.config import correction
-from rltool.config.schema import ALARM_NAMES, POLICY_LOSS_NAMES, RecipeConfig
+from rltool.config.algorithm import POLICY_LOSS_NAMES
+from rltool.config.schema import ALARM_NAMES, RecipeConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rltool.config.schema import AlgorithmConfig, RolloutCorrectionConfig
+from rltool.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 
 KEY = "algorithm.rollout_correction"
 LEVELS = ("token", "sequence")

@@ -1,9 +1,9 @@
 """In-process rollout engine on Hugging Face models: the lean decode loop (the default:
 hf_refill.py, all prompts with finished slots refilled; hf_decode.py a batch at a time where
-rows must stay in step) or ``generate`` (``decode="reference"``, the fallback and reference).
+rows must stay in step) or ``generate`` (``decode="reference"``, the fallback and reference:
+hf_reference.py).
 
-Shape legend: B = sequences in a batch, P = padded context length,
-T = generated steps, V = vocabulary.
+Shape legend: B = sequences in a batch.
 Design (weights and partial rollouts, logprobs, seeding): docs/engines.md#the-hugging-face-engine
 """
 
@@ -17,61 +17,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import (
-    GenerationConfig,
-    LogitsProcessorList,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
-from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from rltool.config.checks import check_value
 from rltool.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from rltool.engines.base import Generation, RolloutEngine, eos_ids
 from rltool.engines.hf_decode import LeanDecoder, can_decode_lean
-from rltool.engines.hf_prefill import SharedPrefill, left_pad
+from rltool.engines.hf_prefill import SharedPrefill
+from rltool.engines.hf_reference import generate_rows
 from rltool.engines.hf_refill import generate_refilling
 from rltool.engines.hf_routing import rows_routing
-from rltool.engines.hf_sampling import PerSampleSampler, SampleSeeds, generators
-from rltool.engines.hf_stopping import FinishRecorder, PauseForWeights
+from rltool.engines.hf_sampling import SampleSeeds, generators
 from rltool.engines.registry import ENGINES
 from rltool.lora import has_lora_layers, merged_copy
 from rltool.lora_sync import rollout_weights
 from rltool.models import embedding_rows
 from rltool.moe import find_routers, recording
-
-
-def _generation_config(
-    sampling: SamplingConfig, eos: list[int], pad_id: int, greedy: bool = False
-) -> GenerationConfig:
-    """``greedy``: argmax whatever the temperature (a logits processor already sampled)."""
-    # Every sampling knob is set explicitly: values left unset would be filled
-    # from the checkpoint's generation_config.json (repetition penalty, top_k, ...).
-    greedy = greedy or sampling.temperature == 0
-    sampler = (
-        {}
-        if greedy
-        else {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,  # 0 = off
-            "min_p": 0.0,
-            "typical_p": 1.0,
-        }
-    )
-    return GenerationConfig(
-        do_sample=not greedy,
-        **sampler,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        num_beams=1,
-        max_new_tokens=sampling.max_new_tokens,
-        eos_token_id=eos,
-        pad_token_id=pad_id,
-        use_cache=True,
-        return_dict_in_generate=True,
-        output_logits=True,
-    )
 
 
 def _check_sampling(sampling: SamplingConfig) -> None:
@@ -315,49 +277,7 @@ class HFEngine(RolloutEngine):
         stop = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
         if self._lean is not None and streams is None:
             return self._lean_rows(contexts, sampling, max_new, stop)
-        device = self.model.device
-        ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
-        recorder = FinishRecorder(
-            ids.shape[1], torch.tensor(self.eos_ids, device=device), stop, len(contexts)
-        )
-        criteria: list[StoppingCriteria] = [recorder]
-        if self.chunk_tokens is not None:
-            pause = PauseForWeights(lambda: self.weights_waiting, ids.shape[1], self.chunk_tokens)
-            criteria.append(pause)
-        cfg = _generation_config(sampling, self.eos_ids, self.pad_id, streams is not None)
-        cfg.max_new_tokens = max_new
-        processors = LogitsProcessorList(
-            [] if streams is None else [PerSampleSampler(sampling, streams)]
-        )
-        with (
-            recording(self.model, self._routers)
-            if self._routers is not None
-            else contextlib.nullcontext([]) as forwards
-        ):
-            cache = None if self._prefill is None else self._prefill.cache(contexts, mask)
-            res = self.model.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                generation_config=cfg,
-                stopping_criteria=criteria,
-                logits_processor=processors,
-                **({} if cache is None else {"cache": cache}),
-            )
-        new = res.sequences[:, ids.shape[1] :]  # [B, T]
-        temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-        logits = torch.stack(res.logits, dim=1).float()  # [B, T, V]
-        logits /= temperature
-        chosen = logits.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, T]
-        logprobs = (chosen - logits.logsumexp(-1)).cpu()  # [B, T]
-        new = new.cpu()
-        finished = recorder.lengths > 0  # [B]
-        lengths = torch.where(finished, recorder.lengths, new.shape[1]).tolist()  # [B]
-        tokens = [new[row, :n].tolist() for row, n in enumerate(lengths)]
-        lps = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
-        routing: list[Any] = [None] * len(contexts)
-        if self._routers is not None:
-            routing = rows_routing(forwards, contexts, lengths, cache is not None)
-        return tokens, lps, finished.tolist(), routing
+        return generate_rows(self, contexts, sampling, max_new, stop, streams)
 
     def _lean_rows(
         self,

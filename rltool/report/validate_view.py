@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rltool.rollout.contract import Severity
 from rltool.rollout.validate import FileViolation, ValidationReport
+from rltool.rollout.violation import Severity
 
 MAX_ROWS = 200  # rows drawn by the rich view; --format json has them all
 

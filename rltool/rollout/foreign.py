@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from rltool.rollout.contract import Violation
 from rltool.rollout.state import IGNORE_INDEX, RolloutState
+from rltool.rollout.violation import Violation
 
 # what a reader of the warning wants to know about the fields seen most often
 KNOWN_FOREIGN = {

@@ -22,10 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rltool.rollout.contract import Severity, Violation, check_samples
+from rltool.rollout.contract import check_samples
 from rltool.rollout.foreign import check_response_mask, describe_foreign
 from rltool.rollout.io import LineError, iter_rollouts, not_a_file_reason, open_rollout_file
 from rltool.rollout.state import RolloutState, Status
+from rltool.rollout.violation import Severity, Violation
 
 ProgressFn = Callable[[int], None]  # called with bytes read since the last call
 NO_SAMPLES = "no samples"  # the finding of a file without a single non-blank line (line 0)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rltool.config.schema import AlgorithmConfig, KlCovConfig, SapoConfig
+from rltool.config.algorithm import AlgorithmConfig, KlCovConfig, SapoConfig
 from rltool.registry import Registry
 from rltool.training.losses import MAX_LOG_RATIO, PolicyLoss, ppo_policy_loss, sequence_ids
 

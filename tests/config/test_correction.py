@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rltool.config.algorithm import AlgorithmConfig, RejectionConfig, RolloutCorrectionConfig
 from rltool.config.correction import PRESETS, CorrectionSpec, Criterion, resolve_correction
 from rltool.config.loader import load_recipe
-from rltool.config.schema import AlgorithmConfig, RejectionConfig, RolloutCorrectionConfig
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "gsm8k_tiny.yaml"
 

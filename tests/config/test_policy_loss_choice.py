@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
+from rltool.config.algorithm import POLICY_LOSS_NAMES
 from rltool.config.loader import load_recipe
-from rltool.config.schema import POLICY_LOSS_NAMES
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "gsm8k_tiny.yaml"
 

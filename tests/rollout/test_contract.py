@@ -15,8 +15,6 @@ import pytest
 
 import rltool.rollout.fields as fields_module
 from rltool.rollout.contract import (
-    Severity,
-    Violation,
     check_group,
     check_group_identity,
     check_sample,
@@ -24,6 +22,7 @@ from rltool.rollout.contract import (
     errors,
 )
 from rltool.rollout.state import RolloutState, Status
+from rltool.rollout.violation import Severity, Violation
 
 DATA = Path(__file__).parents[1] / "data"
 WORKED = json.loads((DATA / "validate_clean.jsonl").read_text().splitlines()[0])

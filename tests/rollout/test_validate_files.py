@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import rltool.rollout.validate as validate_module
-from rltool.rollout.contract import Severity
 from rltool.rollout.foreign import check_response_mask
 from rltool.rollout.io import write_rollouts
 from rltool.rollout.state import RolloutState
 from rltool.rollout.validate import FileViolation, InputError, validate_files
+from rltool.rollout.violation import Severity
 
 DATA = Path(__file__).parents[1] / "data"
 CLEAN = DATA / "validate_clean.jsonl"

@@ -26,12 +26,8 @@ from rltool.app.sharded_checkpoint import (
     restore_updater,
     write_sharded,
 )
-from rltool.config.schema import (
-    AlgorithmConfig,
-    DistributedConfig,
-    OptimizerConfig,
-    RolloutCorrectionConfig,
-)
+from rltool.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
+from rltool.config.schema import DistributedConfig, OptimizerConfig
 from rltool.demo.tokenizer import train_demo_tokenizer
 from rltool.training.batch import Pack
 from rltool.training.optim import build_optimizer, build_scheduler

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rltool.config.schema import POLICY_LOSS_NAMES, AlgorithmConfig
+from rltool.config.algorithm import POLICY_LOSS_NAMES, AlgorithmConfig
 from rltool.training.losses import LOSS_AGGREGATIONS, aggregate, ppo_policy_loss
 from rltool.training.policy_losses import (
     POLICY_LOSSES,

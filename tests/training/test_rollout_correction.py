@@ -12,8 +12,9 @@ import pytest
 import torch
 from tiny_models import random_qwen2
 
+from rltool.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 from rltool.config.correction import CorrectionSpec, Criterion
-from rltool.config.schema import AlgorithmConfig, OptimizerConfig, RolloutCorrectionConfig
+from rltool.config.schema import OptimizerConfig
 from rltool.training import rollout_correction as rc
 from rltool.training.batch import Pack
 from rltool.training.optim import build_scheduler
@@ -209,7 +210,7 @@ def test_tis_cap_is_the_spelling_of_token_tis() -> None:
 
 
 def _rejection(criterion: str, lower: float | None = None, upper: float | None = None):
-    from rltool.config.schema import RejectionConfig
+    from rltool.config.algorithm import RejectionConfig
 
     return RejectionConfig(criterion=criterion, lower=lower, upper=upper)
 

@@ -18,7 +18,7 @@ from test_updater import (
     updater_for,
 )
 
-from rltool.config.schema import POLICY_LOSS_NAMES, AlgorithmConfig
+from rltool.config.algorithm import POLICY_LOSS_NAMES, AlgorithmConfig
 from rltool.training.losses import LOSS_AGGREGATIONS
 
 # the batch statistic of clip_cov / kl_cov (covariance, token share) is the row's, as verl's

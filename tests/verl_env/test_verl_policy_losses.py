@@ -28,7 +28,7 @@ import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from rltool.config.schema import POLICY_LOSS_NAMES, AlgorithmConfig
+from rltool.config.algorithm import POLICY_LOSS_NAMES, AlgorithmConfig
 from rltool.training.losses import LOSS_AGGREGATIONS, aggregate, count_tokens_and_seqs
 from rltool.training.policy_losses import LossInputs, build_policy_loss
 

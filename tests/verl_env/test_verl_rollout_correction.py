@@ -25,8 +25,8 @@ pytest.importorskip(
 import torch
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
 
+from rltool.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 from rltool.config.correction import PRESETS, CorrectionSpec, Criterion, resolve_correction
-from rltool.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 from rltool.training import rollout_correction as rc
 
 LENGTHS = [7, 12, 5, 9, 10, 6, 8, 11]
