@@ -90,8 +90,10 @@ def engine_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if is_lora(model) else model
 
 
-def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
-    """(name, layer) of every peft LoRA layer in ``model``, a plain transformers model."""
+def lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+    """(name, layer) of every peft LoRA layer in ``model`` (a peft model, or the base model
+    a shared engine holds), in module order. It imports peft: where peft may be absent,
+    ask :func:`has_lora_layers` first."""
     from peft.tuners.lora import LoraLayer
 
     for name, module in model.named_modules():
@@ -111,7 +113,7 @@ def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if "peft" not in sys.modules or not any(".lora_" in key for key in state):
         return state  # no adapters: the weights as they are
     deltas: dict[str, torch.Tensor] = {}
-    for name, layer in _lora_layers(base):
+    for name, layer in lora_layers(base):
         if layer.disable_adapters or layer.merged:  # adapters off, or already in the weight
             continue
         for adapter in layer.active_adapters:
@@ -131,7 +133,7 @@ def rollout_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def has_lora_layers(model: torch.nn.Module) -> bool:
     """Whether ``model`` runs peft LoRA layers: a peft model, or the base model a shared
     engine holds (``engine_model``)."""
-    return "peft" in sys.modules and next(_lora_layers(model), None) is not None
+    return "peft" in sys.modules and next(lora_layers(model), None) is not None
 
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -143,7 +145,7 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     out = copy.deepcopy(model)
     if not has_lora_layers(out):
         return out
-    for name, layer in list(_lora_layers(out)):
+    for name, layer in list(lora_layers(out)):
         parent, _, child = name.rpartition(".")
         setattr(out.get_submodule(parent), child, layer.get_base_layer())
     out.load_state_dict(rollout_state_dict(model), strict=True)

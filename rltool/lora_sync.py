@@ -28,8 +28,9 @@ import torch
 from rltool.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
-    _lora_layers,
     engine_model,
+    has_lora_layers,
+    lora_layers,
     rollout_state_dict,
 )
 
@@ -58,7 +59,7 @@ def adapter_payload(model: torch.nn.Module) -> AdapterPayload | str:
     holds) as an :class:`AdapterPayload`; or, where rank + alpha on linear layers cannot
     describe it, the reason (a string). Tensors are detached CPU copies."""
     base = engine_model(model)
-    layers = list(_lora_layers(base))
+    layers = list(lora_layers(base))
     if not layers:
         return "the model has no LoRA layers"
     tensors: dict[str, torch.Tensor] = {}
@@ -106,12 +107,11 @@ def rollout_weights(model: torch.nn.Module, takes_adapters: bool) -> RolloutWeig
     """What an engine that holds its own copy loads: the adapter where it ``takes_adapters``
     and the model has one it can describe, else the merged state dict
     (``rollout_state_dict``: the weights as they are for a model without adapters)."""
-    if takes_adapters:
+    if takes_adapters and has_lora_layers(model):  # a full-model run has nothing to warn of
         payload = adapter_payload(model)
         if isinstance(payload, AdapterPayload):
             return payload
-        if payload != "the model has no LoRA layers":
-            log.warning("LoRA sync: sending merged weights instead of adapters: %s", payload)
+        log.warning("LoRA sync: sending merged weights instead of adapters: %s", payload)
     return rollout_state_dict(model)
 
 

@@ -79,7 +79,7 @@ def test_payload_names_shapes_and_config(held):
     assert weights_nbytes(payload) == 2 * 4 * 1024 * 4 == 32768
 
 
-def test_rollout_weights_adapters_only_where_the_engine_takes_them():
+def test_rollout_weights_adapters_only_where_the_engine_takes_them(caplog):
     policy = _policy()
     merged = rollout_weights(policy, takes_adapters=False)
     assert not isinstance(merged, AdapterPayload)
@@ -88,9 +88,11 @@ def test_rollout_weights_adapters_only_where_the_engine_takes_them():
     full = sum(p.numel() * 4 for p in merged_copy(policy).parameters())
     assert weights_nbytes(merged) == full
     assert isinstance(rollout_weights(policy, takes_adapters=True), AdapterPayload)
-    plain = random_qwen2(VOCAB, seed=0)  # no adapters: the weights as they are
-    sent = rollout_weights(plain, takes_adapters=True)
+    plain = random_qwen2(VOCAB, seed=0)  # no adapters: the weights as they are, no warning
+    with caplog.at_level("WARNING"):
+        sent = rollout_weights(plain, takes_adapters=True)
     assert set(sent) == set(plain.state_dict())
+    assert caplog.records == []
 
 
 def test_an_adapter_vllm_cannot_take_goes_merged_with_the_reason(caplog):

@@ -7,13 +7,12 @@ come back as ``GroupOutcome`` in completion order. Design: docs/production.md#ro
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from rltool.config.schema import SamplingConfig
+from rltool.lora_sync import RolloutWeights
 from rltool.rollout.state import RolloutState
 
 Group = list[RolloutState]
@@ -72,8 +71,9 @@ class RolloutBackend(ABC):
         """Requests submitted and not yet collected."""
 
     @abstractmethod
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
-        """Give every worker the trainer's weights of train step ``model_step``."""
+    def update_weights(self, state_dict: RolloutWeights, model_step: int) -> None:
+        """Give every worker the trainer's weights of train step ``model_step``: a LoRA
+        policy's ``AdapterPayload`` where ``takes_adapters``, else a state dict."""
 
     @abstractmethod
     def evaluate(

@@ -7,7 +7,7 @@ thread. Design: docs/production.md#the-in-process-backend
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.lora import engine_model, merged_copy
+from rltool.lora_sync import RolloutWeights
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend
 from rltool.produce.worker import RolloutWorker
 
@@ -36,7 +37,7 @@ class InProcessBackend(RolloutBackend):
         elif model is not None:  # LoRA: the base model with its live adapter layers
             model = engine_model(model)
         self.worker = RolloutWorker(recipe, model=model, tokenizer=tokenizer, name="inprocess")
-        self.takes_adapters = self.worker.engine.takes_adapters
+        self.takes_adapters = self.worker.takes_adapters
         self._queued: list[GroupRequest] = []  # sync: submitted, generated at collect
         self._jobs: dict[Future, list[GroupRequest]] = {}  # async: one future per submit
         self._executor: ThreadPoolExecutor | None = None
@@ -85,7 +86,7 @@ class InProcessBackend(RolloutBackend):
     def in_flight(self) -> int:
         return len(self._queued) + sum(len(b) for b in self._jobs.values())
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+    def update_weights(self, state_dict: RolloutWeights, model_step: int) -> None:
         if self.shares_model:
             self.worker.sync_weights(model_step)
         else:

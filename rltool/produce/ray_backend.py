@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
+from rltool.lora_sync import AdapterPayload, RolloutWeights
 from rltool.produce.backend import GroupOutcome, GroupRequest, RolloutBackend, WorkerDeath
 from rltool.produce.ray_deaths import death_reason, exit_reason, task_error
 from rltool.produce.ray_setup import RaySession, connect_ray
@@ -65,7 +66,7 @@ class _WorkerActor:
         recipe: RecipeConfig,
         name: str,
         factory: WorkerFactory | None,
-        weights: Mapping[str, torch.Tensor] | None,
+        weights: RolloutWeights | None,
         model_step: int,
     ):
         torch.set_num_threads(recipe.rollout.worker_threads)
@@ -83,6 +84,9 @@ class _WorkerActor:
     def model_step(self) -> int:
         return self.worker.model_step
 
+    def takes_adapters(self) -> bool:
+        return self.worker.takes_adapters
+
     @ray.method(concurrency_group="generate")
     def generate(self, requests: list[GroupRequest]) -> list[GroupOutcome]:
         return self.worker.generate(requests)
@@ -94,8 +98,8 @@ class _WorkerActor:
         return self.worker.evaluate(task_name, tasks, sampling)
 
     @ray.method(concurrency_group="weights")
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
-        self.worker.load_weights(state_dict, model_step)
+    def load_weights(self, state_dict: RolloutWeights, model_step: int) -> None:
+        self.worker.load_weights(state_dict, model_step)  # merged, or an AdapterPayload
 
     @ray.method(concurrency_group="weights")
     def shutdown(self) -> None:
@@ -148,11 +152,12 @@ class RayBackend(RolloutBackend):
         self._slots = [
             _Slot(f"worker-{i}", self._spawn(f"worker-{i}")) for i in range(rollout.num_workers)
         ]
-        try:
-            ray.get([s.actor.pid.remote() for s in self._slots])
+        try:  # the first answer also says that every actor started
+            takes = ray.get([s.actor.takes_adapters.remote() for s in self._slots])
         except RayActorError as e:
             self.close()
             raise RuntimeError(f"a Ray rollout worker failed to start: {e}") from e
+        self.takes_adapters = self._agreed_takes_adapters(takes)
         self.ray_start_s = self._session.start_s  # ray.init alone
         self.startup_s = time.perf_counter() - start  # ray.init plus every actor ready
 
@@ -189,10 +194,15 @@ class RayBackend(RolloutBackend):
     def in_flight(self) -> int:
         return sum(len(c.requests) for c in self._pending.values()) + len(self._ready)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
-        """One copy in the object store, loaded by every actor; returns once all have it."""
+    def update_weights(self, state_dict: RolloutWeights, model_step: int) -> None:
+        """One copy in the object store, loaded by every actor; returns once all have it.
+        A LoRA policy's ``AdapterPayload`` (its tensors already CPU copies) goes as it is,
+        to each worker's engine as in process (``RolloutWorker.load_weights``)."""
         self._check_open()
-        cpu = {k: v.detach().to("cpu") for k, v in state_dict.items()}
+        if isinstance(state_dict, AdapterPayload):
+            cpu: RolloutWeights = state_dict
+        else:
+            cpu = {k: v.detach().to("cpu") for k, v in state_dict.items()}
         ref = ray.put(cpu)
         self._weights = (ref, model_step)
         acks = [(s, s.actor.load_weights.remote(ref, model_step)) for s in self._slots]
@@ -280,6 +290,21 @@ class RayBackend(RolloutBackend):
         )
 
     # --- internals -------------------------------------------------------------------------
+
+    def _agreed_takes_adapters(self, takes: list[bool]) -> bool:
+        """The workers' one answer to ``takes_adapters`` (the producer sends all of them
+        the same weights); workers that disagree close the backend with an error."""
+        if len(set(takes)) > 1:
+            self.close()
+            yes = [s.name for s, t in zip(self._slots, takes, strict=True) if t]
+            no = [s.name for s, t in zip(self._slots, takes, strict=True) if not t]
+            raise RuntimeError(
+                "Ray rollout workers disagree on LoRA adapters (their engines' takes_adapters):"
+                f" {', '.join(yes)} load them, {', '.join(no)} do not, and one weight sync "
+                "cannot serve both; run every worker with the same engine (rollout.engine, "
+                "model.lora.sync) and the same rltool and engine versions"
+            )
+        return takes[0]  # rollout.num_workers >= 1
 
     def _shut_workers_down(self) -> None:
         """Each worker's engine releases what it holds before its actor is killed; a worker

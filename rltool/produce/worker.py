@@ -6,14 +6,13 @@ Design: docs/production.md#the-rollout-worker
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from rltool.config.schema import RecipeConfig, SamplingConfig
 from rltool.engines.batcher import sampling_key
 from rltool.engines.registry import build_engine
+from rltool.lora_sync import RolloutWeights
 from rltool.produce.backend import GroupOutcome, GroupRequest
 from rltool.produce.task_loops import build_task_loops
 
@@ -62,6 +61,11 @@ class RolloutWorker:
     @property
     def model_step(self) -> int:
         return self.engine.model_step
+
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether ``load_weights`` takes a LoRA policy's ``AdapterPayload`` (its engine's)."""
+        return self.engine.takes_adapters
 
     def generate(self, requests: Sequence[GroupRequest]) -> list[GroupOutcome]:
         """One outcome per request, in request order within each batch."""
@@ -117,7 +121,9 @@ class RolloutWorker:
             for r in batch
         ]
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], model_step: int) -> None:
+    def load_weights(self, state_dict: RolloutWeights, model_step: int) -> None:
+        """Merged weights, or an ``AdapterPayload`` where ``takes_adapters``: the engine
+        loads either (in process and in a Ray actor alike)."""
         self.engine.load_weights(state_dict, model_step)
 
     def sync_weights(self, model_step: int) -> None:

@@ -7,7 +7,7 @@ Imported by reference in the actor processes (Ray gives them the driver's
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -22,11 +22,19 @@ class SleepyWorker:
     ``task["gate"]`` (a path): writes ``<gate>.<group_id>.started``, then waits until the
     gate file exists, so a test decides when the request ends instead of timing it;
     ``task["raise"]`` makes the whole call raise (a worker breaking its contract).
-    ``shutdown`` writes ``<shutdown_dir>/<name>`` when a directory is given."""
+    ``shutdown`` writes ``<shutdown_dir>/<name>`` when a directory is given. The workers
+    named in ``adapter_workers`` say they take LoRA adapters (``takes_adapters``)."""
 
-    def __init__(self, recipe: RecipeConfig, name: str, shutdown_dir: Path | None = None):
+    def __init__(
+        self,
+        recipe: RecipeConfig,
+        name: str,
+        shutdown_dir: Path | None = None,
+        adapter_workers: Collection[str] = (),
+    ):
         self.name = name
         self.shutdown_dir = shutdown_dir
+        self.takes_adapters = name in adapter_workers
         self._model_step = 0
         self.weight_sum = 0.0  # sum of the last loaded weights: shows which ones arrived
 
