@@ -10,6 +10,7 @@ Conversion picks the kernel (``choose_kernels``, recorded on every ``Pack``) and
   transformers' ``sdpa`` (unchanged for a forward without ``Segments``);
 - ``sdpa-tree``: shared-prefix rows on the CPU; each prefix causally alone, each
   branch's queries against its prefix's and its own keys (a small explicit mask);
+  branches that begin alike run merged (``branch_merge.py``, ``segments_from``);
 - ``flash-varlen``: plain rows with ``model.attn_implementation`` flash_attention_*:
   transformers' variable-length kernel, told the samples by ``cu_seq_lens``;
 - ``flex-block``: shared-prefix rows on CUDA: ``flex_attention`` with a ``BlockMask``;
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
@@ -47,7 +49,7 @@ KERNELS = (SDPA_VARLEN, SDPA_TREE, FLASH_VARLEN, FLEX_BLOCK, NATIVE, DENSE)
 SEGMENTED = (SDPA_VARLEN, SDPA_TREE)  # run by the rltool_segments attention function
 KERNEL_NOTES = {  # one line each, for inspect-batch
     SDPA_VARLEN: "causal SDPA per sample, no [N, N] mask",
-    SDPA_TREE: "SDPA per shared prefix and per branch after it, no [N, N] mask",
+    SDPA_TREE: "SDPA per shared prefix and per branch, alike branch starts merged, no [N, N] mask",
     FLASH_VARLEN: "flash attention, variable length by cu_seq_lens, no [N, N] mask",
     FLEX_BLOCK: "flex_attention with a block-sparse BlockMask, no [N, N] mask",
     NATIVE: "eager attention, transformers' [N, N] mask from the restarting position_ids",
@@ -122,47 +124,61 @@ class Segments:
     query_index: torch.Tensor  # [sum G * Lq] long: ``queries`` (``groups`` if causal), flat
 
 
+# a piece as segments_from takes it: (row positions of the keys before its own [P] int64,
+# start, end); its positions [start, end) attend causally to those keys and then themselves
+KeyedPiece = tuple[np.ndarray, int, int]
+
+
 def segments_of(pack: Pack, device: torch.device | str = "cpu") -> Segments:
-    pieces = pieces_of(pack)
-    size = [p1 - p0 + e - a for p0, p1, a, e in pieces]
-    shared = [p1 > p0 for p0, p1, _, _ in pieces]
+    """The Segments of a row's pieces (``pieces_of``)."""
+    keyed = [(np.arange(p0, p1), a, e) for p0, p1, a, e in pieces_of(pack)]
+    return segments_from(keyed, len(pack), device)
+
+
+def segments_from(pieces: list[KeyedPiece], n: int, device: torch.device | str = "cpu") -> Segments:
+    """The Segments of a row of ``n`` positions cut into ``pieces``; a piece's earlier keys
+    need not be contiguous (``training/branch_merge.py``: a branch after a shared part of
+    its siblings' branches)."""
+    size = [len(before) + e - a for before, a, e in pieces]
+    shared = [len(before) > 0 for before, _, _ in pieces]
     order = sorted(range(len(pieces)), key=lambda i: (shared[i], -size[i]))
-    take = torch.empty(len(pack), dtype=torch.long)  # [N]
+    take = np.empty(n, dtype=np.int64)  # [N]
     groups: list[torch.Tensor] = []
     queries: list[torch.Tensor | None] = []
     masks: list[torch.Tensor | None] = []
     base, i = 0, 0
-    while i < len(order):
+    while i < len(order):  # index arrays in numpy: ~100 pieces a row, a few small ops each
         length, kind, members = size[order[i]], shared[order[i]], []
         while i < len(order) and shared[order[i]] == kind and 5 * size[order[i]] >= 4 * length:
             members.append(order[i])
             i += 1
-        lq = max(pieces[j][3] - pieces[j][2] for j in members)
+        lq = max(pieces[j][2] - pieces[j][1] for j in members)
         masked = kind and len(members) * lq * length <= MASK_BUDGET
-        idx = torch.empty(len(members), length, dtype=torch.long)  # [G, Lk]
-        q_idx = torch.empty(len(members), lq, dtype=torch.long) if masked else None  # [G, Lq]
-        prefix = torch.empty(len(members), dtype=torch.long)  # [G]
+        idx = np.empty((len(members), length), dtype=np.int64)  # [G, Lk]
+        q_idx = np.empty((len(members), lq), dtype=np.int64) if masked else None  # [G, Lq]
+        prefix = np.empty(len(members), dtype=np.int64)  # [G]
         for r, j in enumerate(members):
-            p0, p1, a, e = pieces[j]
-            pos = torch.cat([torch.arange(p0, p1), torch.arange(a, e)])
-            idx[r, : pos.numel()], idx[r, pos.numel() :] = pos, e - 1
+            before, a, e = pieces[j]
+            p = len(before)
+            idx[r, :p], idx[r, p : p + e - a], idx[r, p + e - a :] = before, np.arange(a, e), e - 1
             if q_idx is not None:
-                q_idx[r, : e - a], q_idx[r, e - a :] = torch.arange(a, e), e - 1
-            prefix[r] = p1 - p0
-            first = base + r * lq if masked else base + r * length + (p1 - p0)
-            take[a:e] = first + torch.arange(e - a)
-        groups.append(idx)
-        queries.append(q_idx)
+                q_idx[r, : e - a], q_idx[r, e - a :] = np.arange(a, e), e - 1
+            prefix[r] = p
+            first = base + r * lq if masked else base + r * length + p
+            take[a:e] = np.arange(first, first + e - a)
+        groups.append(torch.from_numpy(idx))
+        queries.append(None if q_idx is None else torch.from_numpy(q_idx))
         mask = None
         if masked:  # [G, 1, Lq, Lk]: key j <= P + i; padded queries see real keys only
-            keys, rows = torch.arange(length), torch.arange(lq)
-            mask = (keys[None, None, :] <= prefix[:, None, None] + rows[None, :, None])[:, None]
+            keys, rows = np.arange(length), np.arange(lq)
+            allowed = keys[None, None, :] <= prefix[:, None, None] + rows[None, :, None]
+            mask = torch.from_numpy(allowed[:, None])
         masks.append(mask)
-        base += idx.numel() if q_idx is None else q_idx.numel()
+        base += idx.size if q_idx is None else q_idx.size
     asked = [g if q is None else q for g, q in zip(groups, queries, strict=True)]
     flat = [torch.cat([t.flatten() for t in ts]).to(device) for ts in (groups, asked)]
     on = [tuple(None if t is None else t.to(device) for t in ts) for ts in (groups, queries, masks)]
-    return Segments(*on, take.to(device), *flat)
+    return Segments(*on, torch.from_numpy(take).to(device), *flat)
 
 
 def _gather(t: torch.Tensor, index: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:

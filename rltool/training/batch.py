@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -58,12 +59,25 @@ class Pack:
         return int(self.input_ids.shape[0])
 
 
+@dataclass(frozen=True, slots=True)
+class MergedRow:
+    """A shared row as the model computes it: branches merged where they begin alike
+    (``training/branch_merge.py``). M = merged positions."""
+
+    rep: torch.Tensor  # [M] long: the row position each merged position computes
+    node_of: torch.Tensor  # [N] long: each row position's merged position
+    # (merged positions of the keys before its own [P] int64, start, end): the pieces it
+    # attends in, as ``attention.segments_from`` takes them
+    pieces: list[tuple[np.ndarray, int, int]]
+
+
 @dataclass(slots=True, kw_only=True)
 class SharedPack(Pack):
     """A packed row whose samples share their tree's prefix (the picture above)."""
 
     tree_ids: torch.Tensor  # [N] long, the tree of each position
     branch_ids: torch.Tensor  # [N] long, 0 = shared prefix, > 0 = a sample's branch
+    merged: MergedRow | None = None  # sdpa-tree rows whose branches begin alike
 
 
 @dataclass(slots=True)
@@ -101,3 +115,9 @@ class TrainBatch:
     @property
     def num_tokens(self) -> int:
         return sum(len(p) for p in self.packs)
+
+
+def forward_positions(pack: Pack) -> int:
+    """Positions the model computes for ``pack``: fewer than its length when merged."""
+    merged = getattr(pack, "merged", None)
+    return len(pack) if merged is None else int(merged.rep.shape[0])

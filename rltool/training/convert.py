@@ -43,7 +43,7 @@ from rltool.rollout.failures import failure_reason
 from rltool.rollout.state import RolloutState, Status, group_status
 from rltool.training.advantages import ESTIMATORS, session_clusters
 from rltool.training.attention import choose_kernels
-from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch
+from rltool.training.batch import Pack, SampleInfo, SkippedGroup, TrainBatch, forward_positions
 from rltool.training.flat import Flat
 from rltool.training.layout import pack_samples
 
@@ -241,6 +241,8 @@ def _data_info(
         mn.DATA_SUPERVISED_TOKENS: float(n_active),
         # the rows the updater trains on (shared prefixes: fewer tokens than above)
         "data/packs": float(len(packs)),
+        # what the model computes of those rows (sdpa-tree: branches merged where alike)
+        "data/forward_positions": float(sum(forward_positions(p) for p in packs)),
         "data/padding_waste": padding_waste(row_tokens, len(packs), cfg.pack_max_length),
     }
     info |= _stats("data/rewards", rewards_C[np.isfinite(rewards_C)])

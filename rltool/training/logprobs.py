@@ -30,10 +30,12 @@ from rltool.training.attention import (
     FLASH_VARLEN,
     FLEX_BLOCK,
     NATIVE,
+    SDPA_TREE,
     SEGMENTED,
     SEGMENTS_KWARG,
     flex_block_mask,
     no_mask,
+    segments_from,
     segments_of,
 )
 from rltool.training.batch import Pack, SharedPack
@@ -78,7 +80,11 @@ def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
     """Logits of one packed row under its ``attention`` kernel; never a cache."""
     device = model_device(model)
     mask, extra = None, {}
-    if pack.attention in SEGMENTED:  # causal SDPA per sample / per prefix and branch
+    shared = isinstance(pack, SharedPack) and pack.attention == SDPA_TREE
+    merged = pack.merged if shared else None  # branches merged where alike: branch_merge.py
+    if merged is not None:
+        extra = {SEGMENTS_KWARG: segments_from(merged.pieces, len(merged.rep), device)}
+    elif pack.attention in SEGMENTED:  # causal SDPA per sample / per prefix and branch
         extra = {SEGMENTS_KWARG: segments_of(pack, device)}
     elif pack.attention == FLASH_VARLEN:  # transformers' variable-length flash kernel
         cu = pack.cu_seq_lens.to(device=device, dtype=torch.int32)
@@ -89,14 +95,19 @@ def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
     elif pack.attention == DENSE and isinstance(pack, SharedPack):  # eager: [N, N] anyway
         allowed = attention_allowed(pack.tree_ids.to(device), pack.branch_ids.to(device))
         mask = allowed[None, None]  # [1, 1, N, N]
+    ids, positions = pack.input_ids, pack.position_ids  # [N] each
+    if merged is not None:
+        ids, positions = ids[merged.rep], positions[merged.rep]  # [M] each
     with no_mask() if SEGMENTS_KWARG in extra else nullcontext():
         out = model(
-            input_ids=pack.input_ids.to(device)[None],  # [1, N]
-            position_ids=pack.position_ids.to(device)[None],  # [1, N]
+            input_ids=ids.to(device)[None],  # [1, N]
+            position_ids=positions.to(device)[None],  # [1, N]
             attention_mask=mask,
             use_cache=False,
             **extra,
         )
+    if merged is not None:  # [M, V] -> [N, V]; the backward sums the copies' gradients
+        return out.logits[0].index_select(0, merged.node_of.to(device))
     return out.logits[0]  # [N, V]
 
 

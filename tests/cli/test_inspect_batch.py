@@ -355,7 +355,11 @@ def test_shared_layout_only_adds_fields(out, shared):
             k: v for k, v in plain[s["rollout_id"]].items() if k not in moved
         }
     assert shared["skipped_groups"] == out["skipped_groups"]
-    layout = ("data/packs", "data/padding_waste")  # of the rows trained, which differ
+    layout = (
+        "data/packs",
+        "data/forward_positions",
+        "data/padding_waste",
+    )  # of the rows trained, which differ
     assert {k: v for k, v in shared["data_info"].items() if k not in layout} == {
         k: v for k, v in out["data_info"].items() if k not in layout
     }

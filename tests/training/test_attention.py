@@ -93,12 +93,13 @@ def test_plain_rows_equal_the_dense_mask_path() -> None:
 
 
 def test_shared_rows_equal_the_dense_mask_path() -> None:
+    """sdpa-tree rows, merged (each branch repeats the prompt's last token) and not."""
     model = model_of()
     for row in share_prefixes(grpo_rows()).packs:
-        assert row.attention == SDPA_TREE
-        ours = logits_and_grads(model, row)
+        assert row.attention == SDPA_TREE and row.merged is not None
         reference = logits_and_grads(model, dataclasses.replace(row, attention=DENSE))
-        assert_same(ours, reference, 2e-6)
+        for variant in (row, dataclasses.replace(row, merged=None)):
+            assert_same(logits_and_grads(model, variant), reference, 2e-6)
 
 
 def test_activation_checkpointing_recomputes_with_the_same_kernel() -> None:

@@ -229,8 +229,11 @@ def test_prefix_sharing_lays_the_prompt_out_once() -> None:
     plain_cfg = ConversionConfig(estimator="dr_grpo", pack_max_length=16)
     plain = convert_groups([_one_prompt_group()], plain_cfg).data_info
     assert batch.data_info["data/packs"] == 1.0 and batch.data_info["data/padding_waste"] == 0.5
+    # the model computes 1 2 | 3 7 | 4 5: the branches' leading 3 once (branch_merge.py)
+    assert p.input_ids[p.merged.rep].tolist() == [1, 2, 3, 7, 4, 5]
+    assert batch.data_info["data/forward_positions"] == 6.0
     assert plain["data/training_tokens"] == 12.0  # 4 + 3 + 5 shifted positions
-    layout = ("data/packs", "data/padding_waste")
+    layout = ("data/packs", "data/forward_positions", "data/padding_waste")
     assert {k: v for k, v in batch.data_info.items() if k not in layout} == {
         k: v for k, v in plain.items() if k not in layout
     }
@@ -568,6 +571,7 @@ def test_data_info_by_hand() -> None:
         "data/training_tokens": 10.0,
         "data/supervised_tokens": 4.0,
         "data/packs": 1.0,
+        "data/forward_positions": 10.0,
         "data/padding_waste": 0.0,
         "data/rewards/mean": 0.5,
         "data/rewards/min": 0.0,

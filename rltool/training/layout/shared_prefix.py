@@ -34,6 +34,7 @@ from rltool.packing import pack_lengths
 from rltool.rollout.state import IGNORE_INDEX
 from rltool.training.attention import SDPA_TREE
 from rltool.training.batch import Pack, SharedPack
+from rltool.training.branch_merge import merge_branches
 from rltool.training.losses import sequence_ids
 
 _PER_POSITION = (
@@ -166,7 +167,7 @@ def _row(
     branch_of = torch.where(is_prefix, 0, (~is_prefix).cumsum(0))  # [K] 0, then 1, 2, ...
     tree_ids = torch.repeat_interleave(torch.arange(len(trees)), torch.tensor(tree_len))  # [N]
     spans = torch.tensor(cu)
-    return SharedPack(
+    row = SharedPack(
         **{f: t[src] for f, t in s.cat.items()},  # [N] each, routed_experts [N, L, K]
         cu_seq_lens=spans.to(torch.int32),
         max_seq_len=int((spans[1:] - spans[:-1]).max()),
@@ -175,6 +176,9 @@ def _row(
         branch_ids=torch.repeat_interleave(branch_of, lengths),  # [N]
         attention=attention,
     )
+    if attention == SDPA_TREE:  # the kernel that runs merged rows (branch_merge.py)
+        row.merged = merge_branches(row)
+    return row
 
 
 def share_prefixes(
