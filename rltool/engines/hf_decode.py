@@ -76,37 +76,48 @@ class LeanDecoder:
         self.pad_id = pad_id
         self.eos = torch.tensor(list(eos_ids), device=model.device)  # [E]
 
-    def _prefill(self, contexts: Sequence[Sequence[int]], mask: torch.Tensor, width: int):
-        """A static cache of W positions holding every row's context but its last token,
-        each distinct context computed once (the first recorded forward, [U, P - 1])."""
-        device, p = self.model.device, mask.shape[1]
-        n_layers = self.model.config.get_text_config(decoder=True).num_hidden_layers
-        cache = Cache(layers=[_FilledLayer(width) for _ in range(n_layers)])
-        if p < 2:
-            return cache
+    def prefix(
+        self, contexts: Sequence[Sequence[int]]
+    ) -> tuple[DynamicCache | None, torch.Tensor, torch.Tensor]:
+        """Each distinct context's cache but its last token (a layer [U, K, P-1, D]; None where
+        every context is one token), the distinct context of each row [B] and the distinct
+        contexts' left-padded mask [U, P]: the first recorded forward."""
+        device = self.model.device
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]  # [B]
         ids, umask = left_pad(list(distinct), self.pad_id)  # [U, P]
+        rows = torch.tensor(row_of, device=device)
+        if ids.shape[1] < 2:
+            return None, rows, umask
         prefix_mask = umask[:, :-1]  # [U, P-1]
         out = self.model(
             input_ids=ids[:, :-1].to(device),
-            attention_mask=None if bool(mask.all()) else prefix_mask.to(device),
+            attention_mask=None if bool(umask.all()) else prefix_mask.to(device),
             position_ids=position_ids(prefix_mask).to(device),
             use_cache=True,
             logits_to_keep=1,
         )
-        prefix = out.cache
-        assert type(prefix) is DynamicCache and all(
-            type(x) is DynamicLayer for x in prefix.layers
+        assert type(out.cache) is DynamicCache and all(
+            type(x) is DynamicLayer for x in out.cache.layers
         ), "can_decode_lean admitted a model whose cache is not a plain DynamicCache"
-        rows = torch.tensor(row_of, device=device)
+        return out.cache, rows, umask
+
+    def _prefill(self, contexts: Sequence[Sequence[int]], width: int) -> Cache:
+        """A static cache of W positions holding every row's context but its last token, each
+        distinct context computed once (``prefix``) and copied to its rows."""
+        n_layers = self.model.config.get_text_config(decoder=True).num_hidden_layers
+        cache = Cache(layers=[_FilledLayer(width) for _ in range(n_layers)])
+        prefix, rows, _ = self.prefix(contexts)
+        if prefix is None:
+            return cache
         for layer, src in zip(cache.layers, prefix.layers, strict=True):
             keys, values = src.keys[rows], src.values[rows]  # [B, H, P-1, D]
+            p = keys.shape[2]
             layer.lazy_initialization(keys, values)
-            layer.keys[:, :, : p - 1] = keys
-            layer.values[:, :, : p - 1] = values
-            layer.cumulative_length.fill_(p - 1)
-            layer.filled = p - 1
+            layer.keys[:, :, :p] = keys
+            layer.values[:, :, :p] = values
+            layer.cumulative_length.fill_(p)
+            layer.filled = p
         return cache
 
     @torch.no_grad()
@@ -130,7 +141,7 @@ class LeanDecoder:
         device = self.model.device
         ids, mask = left_pad(contexts, self.pad_id)  # [B, P]
         b, p = ids.shape
-        cache = self._prefill(contexts, mask, p - 1 + max_new)
+        cache = self._prefill(contexts, p - 1 + max_new)
         # the columns each decoded row attends to, set as the decode reaches them
         keep = torch.zeros((b, 1, 1, p - 1 + max_new), dtype=torch.bool, device=device)
         keep[:, 0, 0, : p - 1] = mask[:, :-1].bool().to(device)  # [b, 1, 1, W]

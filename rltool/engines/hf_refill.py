@@ -3,12 +3,14 @@
 the next prompts take their place (one prefill of their distinct contexts), so no batch waits
 for its longest row while its other slots idle.
 
-Keys are stored after their rotary embedding, so a row's columns need not start at column 0:
-each rebuild right-aligns the rows that stay and the new contexts at one common column and
-drops the leading columns no row attends. Sampling draws for the live rows only, so under one
+Each distinct prompt's keys and values (all but its last token) are held once and read by its
+rows grouped (hf_prompt_attention.py); a row's own cache holds its prompt's last token and the
+tokens it made. Keys are stored after their rotary embedding, so columns need not start at 0:
+each rebuild keeps the prompts and own columns the staying rows still attend, the new prompts
+right-aligned beside them. Sampling draws for the live rows only, so under one
 seed the sampled tokens differ from ``generate``'s (same distribution); greedy tokens and
-logprobs are those of the reference path. Shape legend: N = prompts, b = live rows, W = cache
-columns, V = vocabulary.
+logprobs are those of the reference path. Shape legend: N = prompts, b = live rows, W = own
+columns, K = key/value heads, D = head size, V = vocabulary.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
 from rltool.engines.hf_decode import LeanDecoder, _FilledLayer, _filter_logits
 from rltool.engines.hf_prefill import left_pad
+from rltool.engines.hf_prompt_attention import PROMPTS_KWARG, SharedPrompts
 
 if TYPE_CHECKING:  # hf.py imports this module
     from rltool.engines.hf import HFEngine
@@ -32,92 +35,146 @@ if TYPE_CHECKING:  # hf.py imports this module
 
 @dataclass(slots=True)
 class _Live:
-    """The rows being decoded; column ``filled`` is where each fed token's key goes."""
+    """The rows being decoded; column ``filled`` of their own cache is where each fed token's
+    key goes. Their prompts' keys are held once per distinct prompt (``prompts``)."""
 
-    cache: Cache  # layers of [b, H, W, D]
+    cache: Cache  # layers of [b, K, W, D]: each row's own columns, its prompt's last token on
     filled: int
-    keep: torch.Tensor  # [b, W] bool: the columns each row attends
-    seq: torch.Tensor  # [b, W + 1] the token of each column, the last chosen one after it
+    keep: torch.Tensor  # [b, W] bool: the own columns each row attends
+    prompts: SharedPrompts  # all but each prompt's last token, once per distinct prompt
+    tail: torch.Tensor  # [b, L] the last L tokens of each row (stop strings), the fed one last
     fed: torch.Tensor  # [b, 1] the token fed next
     pos: torch.Tensor  # [b, 1] its position
     row: torch.Tensor  # [b] the prompt index of each live row
     done: torch.Tensor  # [b] bool: finished, still in the batch (masked)
 
 
+def _kept_prompts(
+    live: _Live, sel: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The prompts of the staying rows ``sel`` [s] without the leading columns none of them
+    attends: keys and values (a layer [k, K, P, D]), mask [k, P], each row's prompt [s]."""
+    kept, prompt_of = torch.unique(live.prompts.prompt_of[sel], return_inverse=True)  # [k], [s]
+    keep = live.prompts.keep[kept]  # [k, P]
+    cols = keep.any(0).nonzero()
+    lo = int(cols[0]) if len(cols) else keep.shape[1]
+    keys = [k[kept][:, :, lo:] for k in live.prompts.keys]
+    values = [v[kept][:, :, lo:] for v in live.prompts.values]
+    return keys, values, keep[:, lo:], prompt_of
+
+
+def _joined(
+    dec: LeanDecoder,
+    old: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor],
+    new: tuple[Cache | None, torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """The kept prompts then the new distinct ones, right-aligned at one width: keys and values
+    (a layer [k + u, K, P, D]) and mask [k + u, P]. ``new``: the new contexts' prefix cache
+    (None: one-token contexts) and their left-padded mask [u, Pn]."""
+    old_keys, old_values, old_keep = old
+    prefix, umask = new
+    pn = umask.shape[1] - 1 if prefix is not None else 0
+    k, u, p = old_keep.shape[0], umask.shape[0], max(old_keep.shape[1], pn)
+    cfg = dec.model.config.get_text_config(decoder=True)
+    heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    device, dtype = dec.model.device, dec.model.dtype
+    keep = torch.zeros((k + u, p), dtype=torch.bool, device=device)
+    keep[:k, p - old_keep.shape[1] :] = old_keep
+    if pn:
+        keep[k:, p - pn :] = umask[:, :-1].bool().to(device)
+    keys, values = [], []
+    for i in range(cfg.num_hidden_layers):
+        pair = []
+        for part, olds in ((0, old_keys), (1, old_values)):
+            x = torch.zeros((k + u, heads, p, head_dim), dtype=dtype, device=device)
+            if k:
+                x[:k, :, p - olds[i].shape[2] :] = olds[i]
+            if pn:
+                layer = prefix.layers[i]
+                x[k:, :, p - pn :] = layer.keys if part == 0 else layer.values
+            pair.append(x)
+        keys.append(pair[0])
+        values.append(pair[1])
+    return keys, values, keep
+
+
+def _own_cache(dec: LeanDecoder, live: _Live | None, sel: torch.Tensor, lo: int, b: int, w: int):
+    """A cache of ``b`` rows and ``w`` columns: the own columns ``lo``... of the staying rows
+    ``sel`` of ``live`` first, at columns 0..., the new rows' empty."""
+    cfg = dec.model.config.get_text_config(decoder=True)
+    heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    model, s = dec.model, len(sel)
+    n = 0 if live is None else live.filled - lo
+    cache = Cache(layers=[_FilledLayer(w) for _ in range(cfg.num_hidden_layers)])
+    shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=model.device)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(shape, shape)
+        if s and n:
+            old = live.cache.layers[i]
+            layer.keys[:s, :, :n] = old.keys[sel, :, lo : live.filled]
+            layer.values[:s, :, :n] = old.values[sel, :, lo : live.filled]
+        layer.filled = n
+        layer.cumulative_length.fill_(n)
+    return cache
+
+
+def _tails(contexts: Sequence[Sequence[int]], tail: int, pad_id: int) -> torch.Tensor:
+    """The last ``tail`` tokens of each context, left-padded: [c, L]."""
+    out = torch.full((len(contexts), tail), pad_id, dtype=torch.long)
+    for i, c in enumerate(contexts):
+        last = c[len(c) - tail :] if tail else []
+        out[i, tail - len(last) :] = torch.as_tensor(last, dtype=torch.long)
+    return out
+
+
 def _rebuild(
-    dec: LeanDecoder, live: _Live | None, contexts: Sequence[Sequence[int]], first: int, width: int
+    dec: LeanDecoder,
+    live: _Live | None,
+    contexts: Sequence[Sequence[int]],
+    first: int,
+    width: int,
+    tail: int,
 ) -> _Live:
-    """The unfinished rows of ``live`` followed by ``contexts`` (prompts ``first``...), in a
-    new cache with room for ``width`` more columns; finished rows and dead columns are dropped."""
+    """The unfinished rows of ``live`` followed by ``contexts`` (prompts ``first``...), with
+    room for ``width`` more own columns; finished rows, prompts no row reads any more and dead
+    columns are dropped; each new distinct context is prefilled once."""
     device = dec.model.device
     if live is not None:
         sel = (~live.done).nonzero().squeeze(-1)  # [s]
         attended = live.keep[sel, : live.filled].any(0).nonzero()
         lo = int(attended[0]) if len(attended) else live.filled
-        old_w = live.filled - lo
+        *old, old_of = _kept_prompts(live, sel)
     else:
-        sel, lo, old_w = torch.zeros(0, dtype=torch.long, device=device), 0, 0
-    ids, mask = left_pad(contexts, dec.pad_id) if contexts else (None, None)  # [n, P]
-    pn = 0 if ids is None else ids.shape[1]
-    col = max(old_w, pn - 1)
-    s, b, w = len(sel), len(sel) + len(contexts), col + width
-    if s == 0 and pn >= 2:  # only new contexts, at columns [0, col): the prefill's own cache
-        cache = dec._prefill(contexts, mask, w)
+        sel, lo = torch.zeros(0, dtype=torch.long, device=device), 0
+        old = [[], [], torch.zeros((0, 0), dtype=torch.bool, device=device)]
+        old_of = sel
+    n = 0 if live is None else live.filled - lo
+    s, b = len(sel), len(sel) + len(contexts)
+    if contexts:
+        prefix, new_of, umask = dec.prefix(contexts)
+        ids, mask = left_pad(contexts, dec.pad_id)  # [c, P]
     else:
-        prefix = dec._prefill(contexts, mask, pn - 1) if pn >= 2 else None
-        cache = _moved(dec, live, sel, lo, prefix, b, col, w)
-    keep = torch.zeros((b, w), dtype=torch.bool, device=device)
-    seq = torch.full((b, w + 1), dec.pad_id, dtype=torch.long, device=device)
-    parts = ([], [], [])  # fed, pos, row
+        prefix, new_of, umask = None, old_of[:0], torch.zeros((0, 1), dtype=torch.long)
+    keys, values, keep_p = _joined(dec, old, (prefix, umask))
+    prompt_of = torch.cat([old_of, new_of + len(old[2])])  # [b]
+    prompts = SharedPrompts.of_rows(keys, values, keep_p, prompt_of)
+    keep = torch.zeros((b, n + width), dtype=torch.bool, device=device)
+    parts = ([], [], [], [])  # fed, pos, row, tail
     if s:
-        keep[:s, col - old_w : col] = live.keep[sel, lo : live.filled]
-        seq[:s, col - old_w : col + 1] = live.seq[sel, lo : live.filled + 1]
-        for part, x in zip(parts, (live.fed, live.pos, live.row), strict=True):
+        keep[:s, :n] = live.keep[sel, lo : live.filled]
+        for part, x in zip(parts, (live.fed, live.pos, live.row, live.tail), strict=True):
             part.append(x[sel])
-    if ids is not None:
-        keep[s:, col - pn + 1 : col] = mask[:, :-1].bool().to(device)
-        seq[s:, col - pn + 1 : col + 1] = ids.to(device)
+    if contexts:
         parts[0].append(ids[:, -1:].to(device))
         parts[1].append((mask.sum(-1, keepdim=True) - 1).to(device))
         parts[2].append(torch.arange(first, first + len(contexts), device=device))
-    fed, pos, row = (torch.cat(p) for p in parts)
+        parts[3].append(_tails(contexts, tail, dec.pad_id).to(device))
+    fed, pos, row, tails = (torch.cat(p) for p in parts)
+    cache = _own_cache(dec, live, sel, lo, b, n + width)
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    return _Live(cache, col, keep, seq, fed, pos, row, done)
-
-
-def _moved(
-    dec: LeanDecoder,
-    live: _Live | None,
-    sel: torch.Tensor,
-    lo: int,
-    prefix: Cache | None,
-    b: int,
-    col: int,
-    w: int,
-) -> Cache:
-    """A cache of ``b`` rows and ``w`` columns filled up to ``col``: the rows ``sel`` of
-    ``live`` (its columns ``lo``...), then the new contexts' rows of ``prefix``, all right-
-    aligned at ``col``."""
-    model, s = dec.model, len(sel)
-    cfg = model.config.get_text_config(decoder=True)
-    heads = cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    cache = Cache(layers=[_FilledLayer(w) for _ in range(cfg.num_hidden_layers)])
-    shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=model.device)
-    for i, layer in enumerate(cache.layers):
-        layer.lazy_initialization(shape, shape)
-        if s:
-            old = live.cache.layers[i]
-            n = live.filled - lo
-            layer.keys[:s, :, col - n : col] = old.keys[sel, :, lo : live.filled]
-            layer.values[:s, :, col - n : col] = old.values[sel, :, lo : live.filled]
-        if prefix is not None:
-            n = prefix.layers[i].keys.shape[2]
-            layer.keys[s:, :, col - n : col] = prefix.layers[i].keys
-            layer.values[s:, :, col - n : col] = prefix.layers[i].values
-        layer.filled = col
-        layer.cumulative_length.fill_(col)
-    return cache
+    return _Live(cache, n, keep, prompts, tails.to(device), fed, pos, row, done)
 
 
 @torch.no_grad()
@@ -142,26 +199,35 @@ def decode_refilling(
     temperature = 1.0 if greedy else sampling.temperature
     live: _Live | None = None
     started = 0
+    tail = 0 if stop is None else stop.maximum_token_len  # what a stop string looks back on
     while True:
         running = 0 if live is None else len(live.row) - int(live.done.sum())
         free = slots - running
         if started < n_all and 4 * free >= slots and may_refill():
             new = prompts[started : started + free]
-            live = _rebuild(dec, live, new, started, max_new)
+            live = _rebuild(dec, live, new, started, max_new, tail)
             started += len(new)
         elif running == 0:
             break
         elif 4 * running <= 3 * len(live.row):  # compact: finished rows leave
-            live = _rebuild(dec, live, [], started, max_new)
+            live = _rebuild(dec, live, [], started, max_new, tail)
         c = live.filled
         live.keep[:, c] = True
+        live.prompts.calls = 0
         out = dec.model(
             input_ids=live.fed,
             attention_mask=live.keep[:, None, None, : c + 1],  # 4D, used as is
             position_ids=live.pos,
             cache=live.cache,
             use_cache=True,
+            **{PROMPTS_KWARG: live.prompts},
         )
+        if live.prompts.calls != len(live.cache.layers):
+            raise RuntimeError(
+                "the decode step's shared-prompt attention was skipped: transformers' `sdpa` "
+                "attention function was replaced by one that does not route "
+                f"`{PROMPTS_KWARG}` (rltool.engines.hf_prompt_attention.attention_or_sdpa)"
+            )
         live.filled = c + 1
         scores = out.logits[:, -1].float() / temperature  # [b, V]
         if greedy:
@@ -175,10 +241,10 @@ def decode_refilling(
         tokens[act, made[act]] = chosen[~live.done]
         logprobs[act, made[act]] = lp[~live.done]
         made[act] += 1
-        live.seq[:, c + 1] = chosen
         ended = torch.isin(chosen, dec.eos)  # [b]
         if stop is not None:
-            ended |= stop(live.seq[:, : c + 2], scores).to(device)
+            live.tail = torch.cat([live.tail[:, 1:], chosen[:, None]], 1)
+            ended |= stop(live.tail, scores).to(device)
         ended &= ~live.done
         finished[live.row[ended]] = True
         live.done |= ended | (made[live.row] >= max_new)

@@ -33,13 +33,14 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 from transformers import AttentionInterface
 from transformers.integrations.flex_attention import flex_attention_forward
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
     AttentionMaskInterface,
     sdpa_mask,
 )
 
+from rltool.engines.hf_prompt_attention import attention_or_sdpa
 from rltool.training.batch import Pack, SharedPack
 
 SDPA_VARLEN, SDPA_TREE = "sdpa-varlen", "sdpa-tree"
@@ -208,8 +209,8 @@ def segment_attention(
         return flex_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    if seg is None:
-        return sdpa_attention_forward(
+    if seg is None:  # a shared-prompt decode step, or transformers' sdpa
+        return attention_or_sdpa(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if kwargs.get("sliding_window") is not None:
