@@ -19,7 +19,8 @@ from): ``z[y] - logsumexp(z)``. That avoids a second [N, V] tensor from
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -98,17 +99,40 @@ def packed_logits(model: torch.nn.Module, pack: Pack) -> torch.Tensor:
     ids, positions = pack.input_ids, pack.position_ids  # [N] each
     if merged is not None:
         ids, positions = ids[merged.rep], positions[merged.rep]  # [M] each
-    with no_mask() if SEGMENTS_KWARG in extra else nullcontext():
+    node_of = None if merged is None else merged.node_of.to(device)  # [N]
+    with (
+        no_mask() if SEGMENTS_KWARG in extra else nullcontext(),
+        _head_reads(model, node_of) if node_of is not None else nullcontext(),
+    ):
         out = model(
-            input_ids=ids.to(device)[None],  # [1, N]
+            input_ids=ids.to(device)[None],  # [1, N] (merged: [1, M])
             position_ids=positions.to(device)[None],  # [1, N]
             attention_mask=mask,
             use_cache=False,
             **extra,
         )
-    if merged is not None:  # [M, V] -> [N, V]; the backward sums the copies' gradients
-        return out.logits[0].index_select(0, merged.node_of.to(device))
-    return out.logits[0]  # [N, V]
+    logits = out.logits[0]  # [N, V]
+    if node_of is not None and len(logits) != len(node_of):  # no head hook ran: [M, V]
+        logits = logits.index_select(0, node_of)
+    return logits
+
+
+@contextmanager
+def _head_reads(model: torch.nn.Module, node_of: torch.Tensor) -> Iterator[None]:
+    """Inside: the LM head reads the merged positions' hidden states copied out to the row's
+    positions ([1, M, h] -> [1, N, h]), so no [M, V] logits are made beside the [N, V] ones
+    (a large vocabulary's peak). The backward sums the copies' gradients, which is exact."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Module):
+        yield
+        return
+    handle = head.register_forward_pre_hook(
+        lambda _m, args: (args[0].index_select(-2, node_of), *args[1:])
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def token_logprobs(

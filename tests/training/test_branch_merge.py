@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from itertools import pairwise
+from unittest.mock import patch
 
 import torch
 from test_attention import assert_same, logits_and_grads, model_of
@@ -88,3 +89,22 @@ def test_nothing_to_merge_or_recorded_routing_keeps_the_row() -> None:
     row = share_prefixes([row_of([(PROMPT, r) for r in RESPONSES])]).packs[0]
     routed = dataclasses.replace(row, routed_experts=torch.zeros(len(row), 2, 1, dtype=torch.long))
     assert merge_branches(routed) is None
+
+
+def test_the_head_makes_the_rows_logits_from_copied_out_hidden_states() -> None:
+    """The LM head runs on the row's N positions (the merged hidden states copied out), so no
+    [M, V] logits are made beside the [N, V] ones; a model without output embeddings gets the
+    merged logits copied out instead. Both equal, logits and gradients."""
+    model = model_of()
+    row = share_prefixes([row_of([(PROMPT, r) for r in RESPONSES])]).packs[0]
+    shapes: list[tuple[int, ...]] = []
+    head = model.get_output_embeddings()
+    spy = head.register_forward_hook(lambda _m, _args, out: shapes.append(tuple(out.shape)))
+    try:
+        ours = logits_and_grads(model, row)
+    finally:
+        spy.remove()
+    assert shapes == [(1, len(row), head.out_features)]
+    with patch.object(type(model), "get_output_embeddings", lambda _self: None):
+        copied = logits_and_grads(model, row)
+    assert_same(ours, copied, 1e-6)
