@@ -57,6 +57,20 @@ class _FilledLayer(StaticLayer):
         super().__init__(max_cache_len)
         self.filled = 0
 
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """As StaticLayer's, but the buffers are left unfilled: a column is written before
+        attention reads it (the prefill's copy, a decode step's key), except where a refill
+        puts rows beside older ones, which zeroes those rows' earlier columns itself."""
+        self.device = key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        shape = (self.batch_size, self.num_heads, self.max_cache_len)
+        kw = {"dtype": key_states.dtype, "device": self.device}
+        self.keys = torch.empty((*shape, self.k_head_dim), **kw)
+        self.values = torch.empty((*shape, self.v_head_dim), **kw)
+        self.cumulative_length = self.cumulative_length.to(self.device)
+        self.is_initialized = True
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

@@ -38,6 +38,9 @@ class SharedPrompts:
     slot: torch.Tensor  # [b] prompt * R + the row's rank among its prompt's rows
     per_prompt: int  # R
     calls: int = 0  # attention calls served (the decoder checks one per layer)
+    # the columns each row attends, prompt then own, for the step's own-column mask (every
+    # layer of a forward gets the same mask tensor: made once a step)
+    _allowed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def of_rows(
@@ -53,6 +56,13 @@ class SharedPrompts:
         rank = (onehot.cumsum(0) * onehot).sum(-1) - 1  # [b] rows of its prompt before it
         per = int(onehot.sum(0).max()) if len(prompt_of) else 1
         return cls(keys, values, keep, prompt_of, prompt_of * per + rank, per)
+
+    def allowed(self, own: torch.Tensor) -> torch.Tensor:
+        """[b, P + T] bool: the row's prompt columns, then ``own`` [b, 1, 1, T]."""
+        if self._allowed is None or self._allowed[0] is not own:
+            mask = torch.cat([self.keep[self.prompt_of], own.view(len(own), -1)], -1)
+            self._allowed = (own, mask)
+        return self._allowed[1]
 
     def select(self, rows: torch.Tensor) -> SharedPrompts:
         """The same prompts for a subset of the rows (compaction keeps the grid's slots)."""
@@ -100,7 +110,7 @@ def prompt_attention(
     from_prompt = _rows(_grid(q, prompts) @ pk.transpose(-1, -2), prompts, h)  # [b, H, P]
     own = q.view(b, k, h // k, d) @ key.transpose(-1, -2)  # [b, K, H/K, T]
     scores = torch.cat([from_prompt, own.view(b, h, -1)], -1) * scale  # [b, H, P + T]
-    allowed = torch.cat([prompts.keep[prompts.prompt_of], attention_mask.view(b, -1)], -1)
+    allowed = prompts.allowed(attention_mask)  # [b, P + T]
     probs = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(-1)  # [b, H, P + T]
     out = _rows(_grid(probs[..., :p], prompts) @ pv, prompts, h)  # [b, H, D]
     out = out + (probs[..., p:].view(b, k, h // k, -1) @ value).view(b, h, d)

@@ -38,10 +38,11 @@ class _Live:
     """The rows being decoded; column ``filled`` of their own cache is where each fed token's
     key goes. Their prompts' keys are held once per distinct prompt (``prompts``)."""
 
-    cache: Cache  # layers of [b, K, W, D]: each row's own columns, its prompt's last token on
+    cache: Cache  # layers of [b, K, W, D]: each row's own columns (shared prompts: from the
+    # prompt's last token on; else its whole context)
     filled: int
     keep: torch.Tensor  # [b, W] bool: the own columns each row attends
-    prompts: SharedPrompts  # all but each prompt's last token, once per distinct prompt
+    prompts: SharedPrompts | None  # all but each prompt's last token once (None: in own columns)
     tail: torch.Tensor  # [b, L] the last L tokens of each row (stop strings), the fed one last
     fed: torch.Tensor  # [b, 1] the token fed next
     pos: torch.Tensor  # [b, 1] its position
@@ -99,9 +100,20 @@ def _joined(
     return keys, values, keep
 
 
-def _own_cache(dec: LeanDecoder, live: _Live | None, sel: torch.Tensor, lo: int, b: int, w: int):
-    """A cache of ``b`` rows and ``w`` columns: the own columns ``lo``... of the staying rows
-    ``sel`` of ``live`` first, at columns 0..., the new rows' empty."""
+def _own_cache(
+    dec: LeanDecoder,
+    live: _Live | None,
+    sel: torch.Tensor,
+    lo: int,
+    b: int,
+    col: int,
+    w: int,
+    prompts: tuple[Cache, torch.Tensor] | None,
+):
+    """A cache of ``b`` rows and ``w`` columns filled up to ``col``: the own columns ``lo``...
+    of the staying rows ``sel`` of ``live``, right-aligned at ``col``; then the new rows, with
+    ``prompts`` (a prefix cache and the prefix of each new row) right-aligned at ``col`` where
+    prompts are not shared."""
     cfg = dec.model.config.get_text_config(decoder=True)
     heads = cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -111,12 +123,21 @@ def _own_cache(dec: LeanDecoder, live: _Live | None, sel: torch.Tensor, lo: int,
     shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=model.device)
     for i, layer in enumerate(cache.layers):
         layer.lazy_initialization(shape, shape)
+        # columns read but masked (before a row's first) must be finite: 0 x value = 0
+        layer.keys[:, :, :col] = 0
+        layer.values[:, :, :col] = 0
         if s and n:
             old = live.cache.layers[i]
-            layer.keys[:s, :, :n] = old.keys[sel, :, lo : live.filled]
-            layer.values[:s, :, :n] = old.values[sel, :, lo : live.filled]
-        layer.filled = n
-        layer.cumulative_length.fill_(n)
+            layer.keys[:s, :, col - n : col] = old.keys[sel, :, lo : live.filled]
+            layer.values[:s, :, col - n : col] = old.values[sel, :, lo : live.filled]
+        if prompts is not None:
+            prefix, rows = prompts
+            src = prefix.layers[i]
+            p = src.keys.shape[2]
+            layer.keys[s:, :, col - p : col] = src.keys[rows]
+            layer.values[s:, :, col - p : col] = src.values[rows]
+        layer.filled = col
+        layer.cumulative_length.fill_(col)
     return cache
 
 
@@ -136,45 +157,73 @@ def _rebuild(
     first: int,
     width: int,
     tail: int,
+    shared: bool,
 ) -> _Live:
     """The unfinished rows of ``live`` followed by ``contexts`` (prompts ``first``...), with
     room for ``width`` more own columns; finished rows, prompts no row reads any more and dead
-    columns are dropped; each new distinct context is prefilled once."""
+    columns are dropped; each new distinct context is prefilled once. ``shared``: the prompts
+    are held once (SharedPrompts), else each row holds its own in its own columns."""
     device = dec.model.device
+    sel, lo = torch.zeros(0, dtype=torch.long, device=device), 0
     if live is not None:
         sel = (~live.done).nonzero().squeeze(-1)  # [s]
         attended = live.keep[sel, : live.filled].any(0).nonzero()
         lo = int(attended[0]) if len(attended) else live.filled
-        *old, old_of = _kept_prompts(live, sel)
-    else:
-        sel, lo = torch.zeros(0, dtype=torch.long, device=device), 0
-        old = [[], [], torch.zeros((0, 0), dtype=torch.bool, device=device)]
-        old_of = sel
     n = 0 if live is None else live.filled - lo
     s, b = len(sel), len(sel) + len(contexts)
-    if contexts:
-        prefix, new_of, umask = dec.prefix(contexts)
-        ids, mask = left_pad(contexts, dec.pad_id)  # [c, P]
-    else:
-        prefix, new_of, umask = None, old_of[:0], torch.zeros((0, 1), dtype=torch.long)
-    keys, values, keep_p = _joined(dec, old, (prefix, umask))
-    prompt_of = torch.cat([old_of, new_of + len(old[2])])  # [b]
-    prompts = SharedPrompts.of_rows(keys, values, keep_p, prompt_of)
-    keep = torch.zeros((b, n + width), dtype=torch.bool, device=device)
+    prefix, new_of, umask = dec.prefix(contexts) if contexts else (None, sel[:0], None)
+    pn = 0 if prefix is None else umask.shape[1] - 1  # prompt columns of the new rows
+    col = n if shared else max(n, pn)
+    prompts = _prompts_of(dec, live, sel, (prefix, new_of, umask)) if shared else None
+    keep = torch.zeros((b, col + width), dtype=torch.bool, device=device)
     parts = ([], [], [], [])  # fed, pos, row, tail
     if s:
-        keep[:s, :n] = live.keep[sel, lo : live.filled]
+        keep[:s, col - n : col] = live.keep[sel, lo : live.filled]
         for part, x in zip(parts, (live.fed, live.pos, live.row, live.tail), strict=True):
             part.append(x[sel])
     if contexts:
+        ids, mask = left_pad(contexts, dec.pad_id)  # [c, P]
+        if not shared and pn:
+            keep[s:, col - pn : col] = mask[:, :-1].bool().to(device)
         parts[0].append(ids[:, -1:].to(device))
         parts[1].append((mask.sum(-1, keepdim=True) - 1).to(device))
         parts[2].append(torch.arange(first, first + len(contexts), device=device))
         parts[3].append(_tails(contexts, tail, dec.pad_id).to(device))
     fed, pos, row, tails = (torch.cat(p) for p in parts)
-    cache = _own_cache(dec, live, sel, lo, b, n + width)
+    own_prompts = None if shared or prefix is None else (prefix, new_of)
+    cache = _own_cache(dec, live, sel, lo, b, col, col + width, own_prompts)
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    return _Live(cache, n, keep, prompts, tails.to(device), fed, pos, row, done)
+    return _Live(cache, col, keep, prompts, tails.to(device), fed, pos, row, done)
+
+
+def _prompts_of(
+    dec: LeanDecoder,
+    live: _Live | None,
+    sel: torch.Tensor,
+    new: tuple[Cache | None, torch.Tensor, torch.Tensor | None],
+) -> SharedPrompts:
+    """The shared prompts of the staying rows ``sel`` of ``live`` and of the new rows (their
+    prefix cache, distinct context of each row and the distinct contexts' mask)."""
+    prefix, new_of, umask = new
+    if live is not None:
+        *old, old_of = _kept_prompts(live, sel)
+    else:
+        old, old_of = [[], [], torch.zeros((0, 0), dtype=torch.bool, device=sel.device)], sel
+    if umask is None:
+        umask = torch.zeros((0, 1), dtype=torch.long)
+    keys, values, keep = _joined(dec, old, (prefix, umask))
+    prompt_of = torch.cat([old_of, new_of + len(old[2])])  # [b]
+    return SharedPrompts.of_rows(keys, values, keep, prompt_of)
+
+
+def shares_prompts(prompts: Sequence[Sequence[int]], slots: int) -> bool:
+    """Whether the refill loop holds each distinct prompt once: where a step has at least 128
+    rows and a prompt at least 4 rows on average. Below that, shared-prompt attention's dozen
+    small operations a layer cost more than the prompt copies they save (one layer, 2 threads:
+    64 rows of 8 per prompt 1.18 ms against SDPA's 1.10; 128 rows of 4, 1.04 against 1.41;
+    256 rows of 8, 3.2 against 4.8; docs/engines.md)."""
+    rows = min(slots, len(prompts))
+    return rows >= 128 and len(prompts) >= 4 * len({tuple(p) for p in prompts})
 
 
 @torch.no_grad()
@@ -200,29 +249,32 @@ def decode_refilling(
     live: _Live | None = None
     started = 0
     tail = 0 if stop is None else stop.maximum_token_len  # what a stop string looks back on
+    shared = shares_prompts(prompts, slots)
     while True:
         running = 0 if live is None else len(live.row) - int(live.done.sum())
         free = slots - running
         if started < n_all and 4 * free >= slots and may_refill():
             new = prompts[started : started + free]
-            live = _rebuild(dec, live, new, started, max_new, tail)
+            live = _rebuild(dec, live, new, started, max_new, tail, shared)
             started += len(new)
         elif running == 0:
             break
         elif 4 * running <= 3 * len(live.row):  # compact: finished rows leave
-            live = _rebuild(dec, live, [], started, max_new, tail)
+            live = _rebuild(dec, live, [], started, max_new, tail, shared)
         c = live.filled
         live.keep[:, c] = True
-        live.prompts.calls = 0
+        extra = {} if live.prompts is None else {PROMPTS_KWARG: live.prompts}
+        if live.prompts is not None:
+            live.prompts.calls = 0
         out = dec.model(
             input_ids=live.fed,
             attention_mask=live.keep[:, None, None, : c + 1],  # 4D, used as is
             position_ids=live.pos,
             cache=live.cache,
             use_cache=True,
-            **{PROMPTS_KWARG: live.prompts},
+            **extra,
         )
-        if live.prompts.calls != len(live.cache.layers):
+        if live.prompts is not None and live.prompts.calls != len(live.cache.layers):
             raise RuntimeError(
                 "the decode step's shared-prompt attention was skipped: transformers' `sdpa` "
                 "attention function was replaced by one that does not route "

@@ -16,6 +16,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import SamplingConfig
+from rltool.engines import hf_refill
 from rltool.engines.hf import HFEngine
 from rltool.engines.hf_prompt_attention import PROMPTS_KWARG, SharedPrompts, prompt_attention
 
@@ -71,6 +72,21 @@ def test_grouped_rows_equal_attention_over_each_rows_whole_context(heads, kv_hea
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
+def test_the_loop_shares_prompts_where_rows_are_many_and_prompts_few():
+    group = [[1, 2, 3]] * 4 + [[4, 5]] * 4
+    assert hf_refill.shares_prompts(group * 16, slots=128)  # 128 rows, 4 a prompt
+    assert not hf_refill.shares_prompts(group * 16, slots=64)  # too few rows a step
+    assert not hf_refill.shares_prompts([[i, 1] for i in range(256)], slots=256)  # all distinct
+    assert not hf_refill.shares_prompts(group * 8, slots=256)  # 64 prompts in all
+
+
+@pytest.fixture
+def shared(monkeypatch):
+    """The refill loop shares prompts whatever the size."""
+    monkeypatch.setattr(hf_refill, "shares_prompts", lambda _prompts, _slots: True)
+
+
+@pytest.mark.usefixtures("shared")
 def test_sampled_groups_on_a_grouped_query_model_keep_their_logprobs(tokenizer):
     """Groups of 4 over 5 prompts, 8 slots (refills and compactions), 2 query heads a key head:
     every sampled row's logprobs equal a full recomputation of its own sequence."""
@@ -87,6 +103,7 @@ def test_sampled_groups_on_a_grouped_query_model_keep_their_logprobs(tokenizer):
     assert len({tuple(g.token_ids) for g in gens[:4]}) > 1  # a group's rows differ
 
 
+@pytest.mark.usefixtures("shared")
 def test_a_replaced_sdpa_function_fails_the_decode_loudly(tokenizer):
     """An ``sdpa`` registration that ignores the shared prompts would attend to the rows' own
     columns only; the decoder counts the layers served and stops."""

@@ -13,8 +13,17 @@ from transformers import Qwen2ForCausalLM
 
 from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import SamplingConfig
+from rltool.engines import hf_refill
 from rltool.engines.hf import HFEngine
 from rltool.engines.hf_decode import _filter_logits
+
+
+@pytest.fixture(autouse=True, params=["shared prompts", "own prompts"])
+def layout(request, monkeypatch):
+    """Every test runs on both layouts of the refill loop (the engine picks one by size)."""
+    shared = request.param == "shared prompts"
+    monkeypatch.setattr(hf_refill, "shares_prompts", lambda _prompts, _slots: shared)
+    return shared
 
 
 @pytest.fixture(scope="module")
