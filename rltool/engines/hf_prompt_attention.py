@@ -64,11 +64,6 @@ class SharedPrompts:
             self._allowed = (own, mask)
         return self._allowed[1]
 
-    def select(self, rows: torch.Tensor) -> SharedPrompts:
-        """The same prompts for a subset of the rows (compaction keeps the grid's slots)."""
-        prompt_of, slot = self.prompt_of[rows], self.slot[rows]
-        return SharedPrompts(self.keys, self.values, self.keep, prompt_of, slot, self.per_prompt)
-
 
 def _grid(x: torch.Tensor, prompts: SharedPrompts) -> torch.Tensor:
     """Rows [b, H, ...] laid out by prompt: [U, K, R * H/K, ...] (absent slots zero)."""

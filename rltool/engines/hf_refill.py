@@ -76,28 +76,38 @@ def _joined(
     prefix, umask = new
     pn = umask.shape[1] - 1 if prefix is not None else 0
     k, u, p = old_keep.shape[0], umask.shape[0], max(old_keep.shape[1], pn)
-    cfg = dec.model.config.get_text_config(decoder=True)
-    heads = cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    layers, heads, head_dim = _kv_shape(dec)
     device, dtype = dec.model.device, dec.model.dtype
     keep = torch.zeros((k + u, p), dtype=torch.bool, device=device)
     keep[:k, p - old_keep.shape[1] :] = old_keep
     if pn:
         keep[k:, p - pn :] = umask[:, :-1].bool().to(device)
-    keys, values = [], []
-    for i in range(cfg.num_hidden_layers):
-        pair = []
-        for part, olds in ((0, old_keys), (1, old_values)):
-            x = torch.zeros((k + u, heads, p, head_dim), dtype=dtype, device=device)
-            if k:
-                x[:k, :, p - olds[i].shape[2] :] = olds[i]
-            if pn:
-                layer = prefix.layers[i]
-                x[k:, :, p - pn :] = layer.keys if part == 0 else layer.values
-            pair.append(x)
-        keys.append(pair[0])
-        values.append(pair[1])
+
+    def joined(old: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor:
+        x = torch.zeros((k + u, heads, p, head_dim), dtype=dtype, device=device)
+        if old is not None:
+            x[:k, :, p - old.shape[2] :] = old
+        if new is not None:
+            x[k:, :, p - pn :] = new
+        return x  # [k + u, K, P, D]
+
+    new_layers = prefix.layers if pn else [None] * layers
+    keys = [
+        joined(old_keys[i] if k else None, None if n is None else n.keys)
+        for i, n in enumerate(new_layers)
+    ]
+    values = [
+        joined(old_values[i] if k else None, None if n is None else n.values)
+        for i, n in enumerate(new_layers)
+    ]
     return keys, values, keep
+
+
+def _kv_shape(dec: LeanDecoder) -> tuple[int, int, int]:
+    """Layers, key/value heads and head size of the decoder's model."""
+    cfg = dec.model.config.get_text_config(decoder=True)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
 
 
 def _own_cache(
@@ -114,12 +124,10 @@ def _own_cache(
     of the staying rows ``sel`` of ``live``, right-aligned at ``col``; then the new rows, with
     ``prompts`` (a prefix cache and the prefix of each new row) right-aligned at ``col`` where
     prompts are not shared."""
-    cfg = dec.model.config.get_text_config(decoder=True)
-    heads = cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    layers, heads, head_dim = _kv_shape(dec)
     model, s = dec.model, len(sel)
     n = 0 if live is None else live.filled - lo
-    cache = Cache(layers=[_FilledLayer(w) for _ in range(cfg.num_hidden_layers)])
+    cache = Cache(layers=[_FilledLayer(w) for _ in range(layers)])
     shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=model.device)
     for i, layer in enumerate(cache.layers):
         layer.lazy_initialization(shape, shape)

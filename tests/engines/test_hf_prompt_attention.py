@@ -62,9 +62,9 @@ def test_grouped_rows_equal_attention_over_each_rows_whole_context(heads, kv_hea
     got, _ = prompt_attention(layer, q, k, v, own[:, None, None], **{PROMPTS_KWARG: prompts})
     torch.testing.assert_close(got, _plain(q, k, v, own, prompts, range(6)), atol=1e-6, rtol=0)
     assert prompts.per_prompt == 3 and prompts.calls == 1
-    # compaction keeps a subset of the rows on the same grid
+    # a subset of the rows, as a compaction keeps them, on its own grid
     rows = torch.tensor([1, 2, 3])
-    sub = prompts.select(rows)
+    sub = SharedPrompts.of_rows(prompts.keys, prompts.values, prompts.keep, prompts.prompt_of[rows])
     got, _ = prompt_attention(
         layer, q[rows], k[rows], v[rows], own[rows, None, None], **{PROMPTS_KWARG: sub}
     )
