@@ -1,16 +1,16 @@
 """The lean decode loop with refill: all of a ``generate``'s prompts in one loop of at most
-``slots`` live rows; whenever a quarter of the slots have finished, the finished rows leave and
-the next prompts take their place (one prefill of their distinct contexts), so no batch waits
-for its longest row while its other slots idle.
+``slots`` live rows; whenever an eighth of the slots have finished, the next prompts take the
+finished rows' slots (one prefill of their distinct contexts), so no batch waits for its longest
+row while its other slots idle. Once no prompt is left to start, finished rows leave the batch.
 
-Each distinct prompt's keys and values (all but its last token) are held once and read by its
-rows grouped (hf_prompt_attention.py); a row's own cache holds its prompt's last token and the
-tokens it made. Keys are stored after their rotary embedding, so columns need not start at 0:
-each rebuild keeps the prompts and own columns the staying rows still attend, the new prompts
-right-aligned beside them. Sampling draws for the live rows only, so under one
-seed the sampled tokens differ from ``generate``'s (same distribution); greedy tokens and
-logprobs are those of the reference path. Shape legend: N = prompts, b = live rows, W = own
-columns, K = key/value heads, D = head size, V = vocabulary.
+Every row writes its keys from column 0 of its slot at a column of its own (``_Cursor``), so a
+refill writes only the new rows: the staying rows are neither copied nor realigned. Each
+distinct prompt's keys and values (all but its last token) are held once and read by its rows
+grouped (hf_prompt_attention.py) where that pays (``shares_prompts``); a row's own columns then
+hold its prompt's last token and the tokens it made, else its whole context. Sampling draws for
+the live rows only, so under one seed the sampled tokens differ from ``generate``'s (same
+distribution); greedy tokens and logprobs are those of the reference path. Shape legend:
+N = prompts, b = slots, W = own columns, K = key/value heads, D = head size, V = vocabulary.
 """
 
 from __future__ import annotations
@@ -20,34 +20,66 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, StaticLayer
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from rltool.config.schema import SamplingConfig
 from rltool.engines.base import Generation
-from rltool.engines.hf_decode import LeanDecoder, _FilledLayer, _filter_logits
+from rltool.engines.hf_decode import LeanDecoder, _filter_logits
 from rltool.engines.hf_prefill import left_pad
 from rltool.engines.hf_prompt_attention import PROMPTS_KWARG, SharedPrompts
 
 if TYPE_CHECKING:  # hf.py imports this module
     from rltool.engines.hf import HFEngine
 
+# refill once this fraction (1/REFILL_AT) of the slots has finished: a refill writes only its
+# new rows, so its cost is the new contexts' prefill; 4 (a quarter) and 16 measured the same
+# within noise, 8 slightly ahead (docs/engines.md)
+REFILL_AT = 8
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where a decode step writes: row r's key at column ``col[r]`` of its slot; attention
+    reads the first ``width`` columns (masked per row)."""
+
+    rows: torch.Tensor  # [b] 0..b-1
+    col: torch.Tensor  # [b]
+    width: int = 0
+
+
+class _RowLayer(StaticLayer):
+    """A static layer whose rows each write their next key at their own column (the shared
+    cursor's), so rows that started at different steps share the buffers as they are."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, at: _Cursor):
+        super().__init__(keys.shape[2])
+        self.keys, self.values, self.at = keys, values, at  # [b, K, W, D]
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        at = self.at  # key_states: [b, K, 1, D]
+        self.keys[at.rows, :, at.col] = key_states[:, :, 0]
+        self.values[at.rows, :, at.col] = value_states[:, :, 0]
+        self.cumulative_length.fill_(at.width)
+        return self.keys[:, :, : at.width], self.values[:, :, : at.width]  # [b, K, width, D]
+
 
 @dataclass(slots=True)
 class _Live:
-    """The rows being decoded; column ``filled`` of their own cache is where each fed token's
-    key goes. Their prompts' keys are held once per distinct prompt (``prompts``)."""
+    """The slots being decoded. A row's prompt's keys are held once per distinct prompt
+    (``prompts``) or in the row's own columns (None)."""
 
-    cache: Cache  # layers of [b, K, W, D]: each row's own columns (shared prompts: from the
-    # prompt's last token on; else its whole context)
-    filled: int
+    cache: Cache  # layers of _RowLayer [b, K, W, D]
+    at: _Cursor
     keep: torch.Tensor  # [b, W] bool: the own columns each row attends
-    prompts: SharedPrompts | None  # all but each prompt's last token once (None: in own columns)
+    prompts: SharedPrompts | None
     tail: torch.Tensor  # [b, L] the last L tokens of each row (stop strings), the fed one last
     fed: torch.Tensor  # [b, 1] the token fed next
     pos: torch.Tensor  # [b, 1] its position
-    row: torch.Tensor  # [b] the prompt index of each live row
-    done: torch.Tensor  # [b] bool: finished, still in the batch (masked)
+    row: torch.Tensor  # [b] the prompt index of each row
+    done: torch.Tensor  # [b] bool: finished (or never started), still in the batch (masked)
 
 
 def _kept_prompts(
@@ -110,45 +142,6 @@ def _kv_shape(dec: LeanDecoder) -> tuple[int, int, int]:
     return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
 
 
-def _own_cache(
-    dec: LeanDecoder,
-    live: _Live | None,
-    sel: torch.Tensor,
-    lo: int,
-    b: int,
-    col: int,
-    w: int,
-    prompts: tuple[Cache, torch.Tensor] | None,
-):
-    """A cache of ``b`` rows and ``w`` columns filled up to ``col``: the own columns ``lo``...
-    of the staying rows ``sel`` of ``live``, right-aligned at ``col``; then the new rows, with
-    ``prompts`` (a prefix cache and the prefix of each new row) right-aligned at ``col`` where
-    prompts are not shared."""
-    layers, heads, head_dim = _kv_shape(dec)
-    model, s = dec.model, len(sel)
-    n = 0 if live is None else live.filled - lo
-    cache = Cache(layers=[_FilledLayer(w) for _ in range(layers)])
-    shape = torch.empty((b, heads, 0, head_dim), dtype=model.dtype, device=model.device)
-    for i, layer in enumerate(cache.layers):
-        layer.lazy_initialization(shape, shape)
-        # columns read but masked (before a row's first) must be finite: 0 x value = 0
-        layer.keys[:, :, :col] = 0
-        layer.values[:, :, :col] = 0
-        if s and n:
-            old = live.cache.layers[i]
-            layer.keys[:s, :, col - n : col] = old.keys[sel, :, lo : live.filled]
-            layer.values[:s, :, col - n : col] = old.values[sel, :, lo : live.filled]
-        if prompts is not None:
-            prefix, rows = prompts
-            src = prefix.layers[i]
-            p = src.keys.shape[2]
-            layer.keys[s:, :, col - p : col] = src.keys[rows]
-            layer.values[s:, :, col - p : col] = src.values[rows]
-        layer.filled = col
-        layer.cumulative_length.fill_(col)
-    return cache
-
-
 def _tails(contexts: Sequence[Sequence[int]], tail: int, pad_id: int) -> torch.Tensor:
     """The last ``tail`` tokens of each context, left-padded: [c, L]."""
     out = torch.full((len(contexts), tail), pad_id, dtype=torch.long)
@@ -158,70 +151,88 @@ def _tails(contexts: Sequence[Sequence[int]], tail: int, pad_id: int) -> torch.T
     return out
 
 
-def _rebuild(
-    dec: LeanDecoder,
-    live: _Live | None,
-    contexts: Sequence[Sequence[int]],
-    first: int,
-    width: int,
-    tail: int,
-    shared: bool,
-) -> _Live:
-    """The unfinished rows of ``live`` followed by ``contexts`` (prompts ``first``...), with
-    room for ``width`` more own columns; finished rows, prompts no row reads any more and dead
-    columns are dropped; each new distinct context is prefilled once. ``shared``: the prompts
-    are held once (SharedPrompts), else each row holds its own in its own columns."""
-    device = dec.model.device
-    sel, lo = torch.zeros(0, dtype=torch.long, device=device), 0
-    if live is not None:
-        sel = (~live.done).nonzero().squeeze(-1)  # [s]
-        attended = live.keep[sel, : live.filled].any(0).nonzero()
-        lo = int(attended[0]) if len(attended) else live.filled
-    n = 0 if live is None else live.filled - lo
-    s, b = len(sel), len(sel) + len(contexts)
-    prefix, new_of, umask = dec.prefix(contexts) if contexts else (None, sel[:0], None)
-    pn = 0 if prefix is None else umask.shape[1] - 1  # prompt columns of the new rows
-    col = n if shared else max(n, pn)
-    prompts = _prompts_of(dec, live, sel, (prefix, new_of, umask)) if shared else None
-    keep = torch.zeros((b, col + width), dtype=torch.bool, device=device)
-    parts = ([], [], [], [])  # fed, pos, row, tail
-    if s:
-        keep[:s, col - n : col] = live.keep[sel, lo : live.filled]
-        for part, x in zip(parts, (live.fed, live.pos, live.row, live.tail), strict=True):
-            part.append(x[sel])
-    if contexts:
-        ids, mask = left_pad(contexts, dec.pad_id)  # [c, P]
-        if not shared and pn:
-            keep[s:, col - pn : col] = mask[:, :-1].bool().to(device)
-        parts[0].append(ids[:, -1:].to(device))
-        parts[1].append((mask.sum(-1, keepdim=True) - 1).to(device))
-        parts[2].append(torch.arange(first, first + len(contexts), device=device))
-        parts[3].append(_tails(contexts, tail, dec.pad_id).to(device))
-    fed, pos, row, tails = (torch.cat(p) for p in parts)
-    own_prompts = None if shared or prefix is None else (prefix, new_of)
-    cache = _own_cache(dec, live, sel, lo, b, col, col + width, own_prompts)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    return _Live(cache, col, keep, prompts, tails.to(device), fed, pos, row, done)
-
-
 def _prompts_of(
     dec: LeanDecoder,
-    live: _Live | None,
-    sel: torch.Tensor,
-    new: tuple[Cache | None, torch.Tensor, torch.Tensor | None],
+    live: _Live,
+    free: torch.Tensor,
+    new: tuple[Cache | None, torch.Tensor, torch.Tensor],
 ) -> SharedPrompts:
-    """The shared prompts of the staying rows ``sel`` of ``live`` and of the new rows (their
-    prefix cache, distinct context of each row and the distinct contexts' mask)."""
+    """The shared prompts of ``live``'s rows once the slots ``free`` [c] take new contexts
+    (``new``: their prefix cache, the distinct context of each, the distinct contexts' mask);
+    the other rows keep theirs."""
     prefix, new_of, umask = new
-    if live is not None:
-        *old, old_of = _kept_prompts(live, sel)
-    else:
-        old, old_of = [[], [], torch.zeros((0, 0), dtype=torch.bool, device=sel.device)], sel
-    if umask is None:
-        umask = torch.zeros((0, 1), dtype=torch.long)
+    device = live.row.device
+    staying = torch.ones(len(live.row), dtype=torch.bool, device=device)
+    staying[free] = False
+    kept = staying.nonzero().squeeze(-1)  # [s]
+    if live.prompts is not None and len(kept):
+        *old, old_of = _kept_prompts(live, kept)
+    else:  # the first fill: every slot takes a new context
+        old, old_of = [[], [], torch.zeros((0, 0), dtype=torch.bool, device=device)], kept
     keys, values, keep = _joined(dec, old, (prefix, umask))
-    prompt_of = torch.cat([old_of, new_of + len(old[2])])  # [b]
+    prompt_of = torch.empty(len(live.row), dtype=torch.long, device=device)
+    prompt_of[kept] = old_of
+    prompt_of[free] = new_of + len(old[2])
     return SharedPrompts.of_rows(keys, values, keep, prompt_of)
+
+
+def _start(dec: LeanDecoder, b: int, width: int, tail: int) -> _Live:
+    """``b`` empty slots (finished: each refill takes them) of ``width`` own columns."""
+    layers, heads, head_dim = _kv_shape(dec)
+    device, dtype = dec.model.device, dec.model.dtype
+    at = _Cursor(torch.arange(b, device=device), torch.zeros(b, dtype=torch.long, device=device))
+
+    def buffer() -> torch.Tensor:  # zeros: masked columns are read too, and 0 x value must be 0
+        return torch.zeros((b, heads, width, head_dim), dtype=dtype, device=device)
+
+    cache = Cache(layers=[_RowLayer(buffer(), buffer(), at) for _ in range(layers)])
+    keep = torch.zeros((b, width), dtype=torch.bool, device=device)
+    ids = torch.zeros((b, 1), dtype=torch.long, device=device)
+    tails = torch.zeros((b, tail), dtype=torch.long, device=device)
+    done = torch.ones(b, dtype=torch.bool, device=device)
+    return _Live(cache, at, keep, None, tails, ids, ids.clone(), ids[:, 0].clone(), done)
+
+
+def _refill(
+    dec: LeanDecoder, live: _Live, contexts: Sequence[Sequence[int]], first: int, shared: bool
+) -> None:
+    """``contexts`` (prompts ``first``...) take the first finished slots of ``live``, in place:
+    one prefill of their distinct contexts, written into their slots (or, ``shared``, into the
+    shared prompts); the other rows' columns stay as they are."""
+    device = live.row.device
+    free = live.done.nonzero().squeeze(-1)[: len(contexts)]  # [c]
+    prefix, new_of, umask = dec.prefix(contexts)
+    ids, mask = left_pad(contexts, dec.pad_id)  # [c, P]
+    live.keep[free] = False
+    if shared:
+        live.prompts = _prompts_of(dec, live, free, (prefix, new_of, umask))
+        live.at.col[free] = 0
+    else:
+        pn = 0 if prefix is None else umask.shape[1] - 1  # columns of all but the last token
+        if pn:
+            for layer, src in zip(live.cache.layers, prefix.layers, strict=True):
+                layer.keys[free, :, :pn] = src.keys[new_of]
+                layer.values[free, :, :pn] = src.values[new_of]
+            live.keep[free, :pn] = mask[:, :-1].bool().to(device)
+        live.at.col[free] = pn
+    live.fed[free] = ids[:, -1:].to(device)
+    live.pos[free] = (mask.sum(-1, keepdim=True) - 1).to(device)
+    live.row[free] = torch.arange(first, first + len(contexts), device=device)
+    live.tail[free] = _tails(contexts, live.tail.shape[1], dec.pad_id).to(device)
+    live.done[free] = False
+
+
+def _compact(live: _Live) -> _Live:
+    """The unfinished rows of ``live`` alone (no slot is refilled any more): the finished
+    rows' slots and the prompts only they read are dropped."""
+    sel = (~live.done).nonzero().squeeze(-1)  # [s]
+    at = _Cursor(torch.arange(len(sel), device=sel.device), live.at.col[sel])
+    layers = [_RowLayer(x.keys[sel], x.values[sel], at) for x in live.cache.layers]
+    prompts = None
+    if live.prompts is not None:
+        prompts = SharedPrompts.of_rows(*_kept_prompts(live, sel))
+    rows = (live.tail[sel], live.fed[sel], live.pos[sel], live.row[sel], live.done[sel])
+    return _Live(Cache(layers=layers), at, live.keep[sel], prompts, *rows)
 
 
 def shares_prompts(prompts: Sequence[Sequence[int]], slots: int) -> bool:
@@ -254,29 +265,32 @@ def decode_refilling(
     finished = torch.zeros(n_all, dtype=torch.bool, device=device)
     greedy = sampling.temperature == 0
     temperature = 1.0 if greedy else sampling.temperature
-    live: _Live | None = None
     started = 0
     tail = 0 if stop is None else stop.maximum_token_len  # what a stop string looks back on
     shared = shares_prompts(prompts, slots)
+    # own columns: shared, the prompt's last token and the fed tokens; else the whole context
+    width = max_new if shared else max(map(len, prompts)) - 1 + max_new
+    live = _start(dec, min(slots, n_all), width, tail)
     while True:
-        running = 0 if live is None else len(live.row) - int(live.done.sum())
-        free = slots - running
-        if started < n_all and 4 * free >= slots and may_refill():
-            new = prompts[started : started + free]
-            live = _rebuild(dec, live, new, started, max_new, tail, shared)
+        b = len(live.row)
+        running = b - int(live.done.sum())
+        if started < n_all and REFILL_AT * (b - running) >= b and may_refill():
+            new = prompts[started : started + b - running]
+            _refill(dec, live, new, started, shared)
             started += len(new)
         elif running == 0:
             break
-        elif 4 * running <= 3 * len(live.row):  # compact: finished rows leave
-            live = _rebuild(dec, live, [], started, max_new, tail, shared)
-        c = live.filled
-        live.keep[:, c] = True
+        elif 4 * running <= 3 * b:  # compact: finished rows leave
+            live = _compact(live)
+        at = live.at
+        at.width = int(at.col.max()) + 1
+        live.keep[at.rows, at.col] = True
         extra = {} if live.prompts is None else {PROMPTS_KWARG: live.prompts}
         if live.prompts is not None:
             live.prompts.calls = 0
         out = dec.model(
             input_ids=live.fed,
-            attention_mask=live.keep[:, None, None, : c + 1],  # 4D, used as is
+            attention_mask=live.keep[:, None, None, : at.width],  # 4D, used as is
             position_ids=live.pos,
             cache=live.cache,
             use_cache=True,
@@ -288,7 +302,6 @@ def decode_refilling(
                 "attention function was replaced by one that does not route "
                 f"`{PROMPTS_KWARG}` (rltool.engines.hf_prompt_attention.attention_or_sdpa)"
             )
-        live.filled = c + 1
         scores = out.logits[:, -1].float() / temperature  # [b, V]
         if greedy:
             chosen = scores.argmax(-1)  # [b]
@@ -309,6 +322,7 @@ def decode_refilling(
         finished[live.row[ended]] = True
         live.done |= ended | (made[live.row] >= max_new)
         live.fed, live.pos = chosen[:, None], live.pos + 1
+        at.col += (~live.done).long()  # a finished row writes its (ignored) keys in place
     return tokens[:started], logprobs[:started], made[:started], finished[:started]
 
 
