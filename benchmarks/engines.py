@@ -24,10 +24,12 @@ oversubscription, not the engines.
 decode)" the default one (rltool/engines/hf_decode.py, hf_refill.py: all prompts in one loop,
 finished slots refilled), "hf (lean, per batch)" the lean loop a batch at a time (what runs with
 ``rollout.chunk_tokens``); ``--hf-only`` times just those, in rltool's own environment (no vLLM
-needed); ``--repeat N`` runs them N times, interleaved, and reports each one's median round and
-every round's ratio to "hf". Defaults, ``--repeat 3``, 2 shared cores (2026-12-03, load average
-1.5-2.8, see docs/engines.md#lean-decode): 1 thread 393 -> 962 (per batch) -> 1092 tokens/s
-(2.45x, 2.78x); 2 threads 395 -> 710 -> 1029 (1.80x, 2.60x).
+needed); ``--repeat N`` runs them N times, interleaved, each round seeded alike for every path,
+and reports each one's median round, every round's ratio to "hf" and all rounds pooled.
+``--hf-only --repeat 5 --threads 2``, 2 idle cores (2026-12-03, docs/engines.md#lean-decode):
+reference 752 -> lean per batch 1452 -> lean with refill 1878 tokens/s pooled (2.50x; median
+round 2.74x); the reference path's rate moves most between runs (its batches run to their
+longest row).
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ def main() -> None:
         for name, make in hf_runs:
             print(f"[{name}] round {i + 1} ...", flush=True)
             engine = make()
+            torch.manual_seed(i)  # a round's draws start alike for every path (lengths vary)
             cpu0 = time.process_time()  # less swayed by other jobs than the wall clock
             rounds[name].append(timed(engine, prompts, sampling))
             cpu = time.process_time() - cpu0  # the warm-up batch included
@@ -191,6 +194,10 @@ def main() -> None:
     for name, times in rounds.items():
         ratios = [(t / s) / (h / hs) for (t, s), (h, hs) in zip(times, rounds["hf"], strict=True)]
         print(f"{name}: vs hf per round " + ", ".join(f"{r:.2f}x" for r in ratios))
+    hf_all = sum(t for t, _ in rounds["hf"]) / sum(s for _, s in rounds["hf"])
+    for name, times in rounds.items():  # longest rows weigh on each round: all rounds pooled
+        rate = sum(t for t, _ in times) / sum(s for _, s in times)
+        print(f"{name}: all rounds {rate:.1f} tokens/s, {rate / hf_all:.2f}x hf")
     for name, times in rounds.items():  # the round of median tokens/s
         results[name] = sorted(times, key=lambda t: t[0] / t[1])[len(times) // 2]
     if not args.hf_only:

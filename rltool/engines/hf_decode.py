@@ -58,9 +58,8 @@ class _FilledLayer(StaticLayer):
         self.filled = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """As StaticLayer's, but the buffers are left unfilled: a column is written before
-        attention reads it (the prefill's copy, a decode step's key), except where a refill
-        puts rows beside older ones, which zeroes those rows' earlier columns itself."""
+        """As StaticLayer's, but the buffers are left unfilled: every row's column is written
+        before attention reads it (the prefill's copy, a decode step's key)."""
         self.device = key_states.device
         self.batch_size, self.num_heads = key_states.shape[:2]
         self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]

@@ -1,5 +1,5 @@
 """The lean decode loop with refill: all of a ``generate``'s prompts in one loop of at most
-``slots`` live rows; whenever an eighth of the slots have finished, the next prompts take the
+``slots`` live rows; whenever a quarter of the slots have finished, the next prompts take the
 finished rows' slots (one prefill of their distinct contexts), so no batch waits for its longest
 row while its other slots idle. Once no prompt is left to start, finished rows leave the batch.
 
@@ -31,11 +31,6 @@ from rltool.engines.hf_prompt_attention import PROMPTS_KWARG, SharedPrompts
 
 if TYPE_CHECKING:  # hf.py imports this module
     from rltool.engines.hf import HFEngine
-
-# refill once this fraction (1/REFILL_AT) of the slots has finished: a refill writes only its
-# new rows, so its cost is the new contexts' prefill; 4 (a quarter) and 16 measured the same
-# within noise, 8 slightly ahead (docs/engines.md)
-REFILL_AT = 8
 
 
 @dataclass(slots=True)
@@ -274,7 +269,7 @@ def decode_refilling(
     while True:
         b = len(live.row)
         running = b - int(live.done.sum())
-        if started < n_all and REFILL_AT * (b - running) >= b and may_refill():
+        if started < n_all and 4 * (b - running) >= b and may_refill():
             new = prompts[started : started + b - running]
             _refill(dec, live, new, started, shared)
             started += len(new)
