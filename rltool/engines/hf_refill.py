@@ -160,9 +160,9 @@ def _prompts_of(
     staying = torch.ones(len(live.row), dtype=torch.bool, device=device)
     staying[free] = False
     kept = staying.nonzero().squeeze(-1)  # [s]
-    if live.prompts is not None and len(kept):
+    if len(kept):
         *old, old_of = _kept_prompts(live, kept)
-    else:  # the first fill: every slot takes a new context
+    else:  # every slot takes a new context (the first fill among them)
         old, old_of = [[], [], torch.zeros((0, 0), dtype=torch.bool, device=device)], kept
     keys, values, keep = _joined(dec, old, (prefix, umask))
     prompt_of = torch.empty(len(live.row), dtype=torch.long, device=device)
@@ -280,9 +280,10 @@ def decode_refilling(
         at = live.at
         at.width = int(at.col.max()) + 1
         live.keep[at.rows, at.col] = True
-        extra = {} if live.prompts is None else {PROMPTS_KWARG: live.prompts}
+        extra = {}
         if live.prompts is not None:
             live.prompts.calls = 0
+            extra = {PROMPTS_KWARG: live.prompts}
         out = dec.model(
             input_ids=live.fed,
             attention_mask=live.keep[:, None, None, : at.width],  # 4D, used as is
