@@ -105,6 +105,8 @@ RANGES: dict[str, Range] = {
     "rollout.num_workers": at_least(1),
     "rollout.worker_threads": at_least(1),
     "rollout.chunk_tokens": at_least(1, null=True),
+    "rollout.hf_slots": at_least(1),
+    "rollout.hf_cache_memory": Range(low=0, high=1, low_open=True),
     "rollout.server.timeout_s": above(0),
     "rollout.server.retries": at_least(0),
     "rollout.server.concurrency": at_least(1),

@@ -107,6 +107,11 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm
     # rollout.engine: hf: lean (own decode loop on a static KV cache) | reference (generate)
     hf_decode: str = "lean"
+    # hf_decode: lean: rows its refill loop decodes at once (a finished row's slot takes the
+    # next prompt), fewer where their KV cache would take more than hf_cache_memory of the
+    # device's free memory, but never fewer than batch_size (the per-batch paths' rows)
+    hf_slots: int = 256
+    hf_cache_memory: float = 0.25
     # record each position's MoE experts (routed_experts); None = when the model has routers
     record_routing: bool | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -88,11 +88,15 @@ class HFEngine(RolloutEngine):
         share_prefill: bool = True,
         record_routing: bool | None = None,
         decode: str = "lean",
+        slots: int = 256,
+        cache_memory: float = 0.25,
     ):
         """``record_routing``: record the experts of every position (MoE models); None =
         whenever the model has MoE routers. ``decode``: ``lean`` (hf_decode.py: static cache,
         own decode loop; ``reference`` where the model does not allow it) or ``reference``
-        (``generate``)."""
+        (``generate``). ``slots``: rows the lean refill loop decodes at once, fewer where
+        their KV cache would take more than ``cache_memory`` of the free device memory, but
+        not fewer than ``batch_size`` (hf_refill.fitting_slots)."""
         if decode not in ("lean", "reference"):
             raise ValueError(f"decode={decode!r}: expected 'lean' or 'reference'")
         # the trainer's LoRA policy, shared: read at each sync, never generated with
@@ -102,6 +106,7 @@ class HFEngine(RolloutEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.slots, self.cache_memory = slots, cache_memory
         self.chunk_tokens = chunk_tokens
         self._model_step = model_step
         self.eos_ids = eos_ids(tokenizer, model)
@@ -325,4 +330,6 @@ def build_hf_engine(
         chunk_tokens=rollout.chunk_tokens,
         record_routing=rollout.record_routing,
         decode=rollout.hf_decode,
+        slots=rollout.hf_slots,
+        cache_memory=rollout.hf_cache_memory,
     )

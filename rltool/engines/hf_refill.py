@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import psutil
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.generation.stopping_criteria import StopStringCriteria
@@ -230,6 +231,27 @@ def _compact(live: _Live) -> _Live:
     return _Live(Cache(layers=layers), at, live.keep[sel], prompts, *rows)
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes free on ``device``: the CUDA device's free memory, else the host's available."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
+
+
+def fitting_slots(
+    dec: LeanDecoder, prompts: Sequence[Sequence[int]], max_new: int, engine: HFEngine
+) -> int:
+    """The rows the loop decodes at once: ``engine.slots``, fewer where their own columns'
+    keys and values (each holding its whole context: the larger layout) would take more than
+    ``engine.cache_memory`` of the free memory, but not fewer than ``engine.batch_size`` (a
+    batch of the per-batch loop holds as much)."""
+    layers, heads, head_dim = _kv_shape(dec)
+    width = max(map(len, prompts)) - 1 + max_new
+    row_bytes = 2 * layers * heads * head_dim * width * dec.model.dtype.itemsize
+    fit = int(engine.cache_memory * free_memory(dec.model.device)) // row_bytes
+    return min(engine.slots, max(fit, engine.batch_size))
+
+
 def shares_prompts(prompts: Sequence[Sequence[int]], slots: int) -> bool:
     """Whether the refill loop holds each distinct prompt once: where a step has at least 128
     rows and a prompt at least 4 rows on average. Below that, shared-prompt attention's dozen
@@ -325,7 +347,7 @@ def decode_refilling(
 def generate_refilling(
     engine: HFEngine, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
 ) -> list[Generation]:
-    """``engine.generate`` on the refilling loop: at most ``batch_size`` rows live; new weights
+    """``engine.generate`` on the refilling loop: at most ``fitting_slots`` rows live; new weights
     handed over meanwhile are taken once the live rows end (no prompt starts before)."""
     tokenizer = engine.tokenizer
     stop = StopStringCriteria(tokenizer, sampling.stop) if sampling.stop else None
@@ -333,13 +355,10 @@ def generate_refilling(
     while len(out) < len(prompts):
         engine._apply_pending()
         assert engine._lean is not None
+        left = prompts[len(out) :]
+        slots = fitting_slots(engine._lean, left, sampling.max_new_tokens, engine)
         rows = decode_refilling(
-            engine._lean,
-            prompts[len(out) :],
-            sampling,
-            stop,
-            engine.batch_size,
-            lambda: not engine.weights_waiting,
+            engine._lean, left, sampling, stop, slots, lambda: not engine.weights_waiting
         )
         for t, lp, m, e in zip(*(x.tolist() for x in rows), strict=True):
             text = tokenizer.decode(t[:m], skip_special_tokens=True)

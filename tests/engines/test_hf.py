@@ -49,7 +49,7 @@ def prompt(tokenizer, question: str = PROBLEM.question) -> list[int]:
 
 
 def test_greedy_stops_at_eos_and_keeps_it(model, tokenizer):
-    engine = HFEngine(model, tokenizer, batch_size=4, model_step=3)
+    engine = HFEngine(model, tokenizer, batch_size=4, slots=4, model_step=3)
     [gen] = engine.generate([prompt(tokenizer)], SamplingConfig(temperature=0.0, max_new_tokens=30))
     assert_clear_greedy(model, [prompt(tokenizer)], [gen])  # the argmax below cannot flip
     expected = tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -83,7 +83,7 @@ def test_pad_equal_to_eos_does_not_leak_into_stopped_rows(model, tokenizer):
     # rows go on; a row stopped by a stop string must not gain one.
     tok = train_demo_tokenizer()
     tok.pad_token = tok.eos_token
-    engine = HFEngine(model, tok, batch_size=2)
+    engine = HFEngine(model, tok, batch_size=2, slots=2)
     assert engine.pad_id == tok.eos_token_id
     prompts = [prompt(tok), prompt(tok, OTHER.question)]
     gens = engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=30, stop=["-"]))
@@ -103,7 +103,7 @@ def test_sampled_logprobs_match_a_manual_forward(model, tokenizer, temperature):
         ),
         prompt(tokenizer, "Hi"),
     ]
-    engine = HFEngine(model, tokenizer, batch_size=2)
+    engine = HFEngine(model, tokenizer, batch_size=2, slots=2)
     torch.manual_seed(1)
     gens = engine.generate(prompts, SamplingConfig(temperature=temperature, max_new_tokens=12))
     assert len(gens) == 3
@@ -132,8 +132,8 @@ def test_sampling_is_reproducible_under_the_global_seed(model, tokenizer):
 def test_batching_and_padding_do_not_change_greedy_output(model, tokenizer):
     prompts = [prompt(tokenizer), prompt(tokenizer, "Hi"), prompt(tokenizer, "Zoe has 9 toys.")]
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=8)
-    one = HFEngine(model, tokenizer, batch_size=1).generate(prompts, sampling)
-    together = HFEngine(model, tokenizer, batch_size=3).generate(prompts, sampling)
+    one = HFEngine(model, tokenizer, batch_size=1, slots=1).generate(prompts, sampling)
+    together = HFEngine(model, tokenizer, batch_size=3, slots=3).generate(prompts, sampling)
     assert_clear_greedy(model, prompts, one)
     assert [g.token_ids for g in one] == [g.token_ids for g in together]
     torch.testing.assert_close(

@@ -51,7 +51,7 @@ def _prompts(tokenizer, n: int) -> list[list[int]]:
 def test_shared_lora_policy_generates_on_a_plain_merged_copy(tokenizer):
     policy = _policy(tokenizer)
     shared = engine_model(policy)  # what the in-process backend hands a sync engine
-    engine = HFEngine(shared, tokenizer, batch_size=4)
+    engine = HFEngine(shared, tokenizer, batch_size=4, slots=4)
     assert has_lora_layers(shared) and not has_lora_layers(engine.model)
     peft_modules = [
         type(m).__name__ for m in engine.model.modules() if "peft" in type(m).__module__
@@ -84,7 +84,7 @@ def test_shared_lora_policy_generates_on_a_plain_merged_copy(tokenizer):
 
     merged = merged_copy(policy).eval()
     assert_clear_greedy(merged, prompts, got)  # no near-tie: exact comparison is fair
-    want = HFEngine(merged, tokenizer, batch_size=4).generate(prompts, GREEDY)
+    want = HFEngine(merged, tokenizer, batch_size=4, slots=4).generate(prompts, GREEDY)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.token_ids for g in got] != [g.token_ids for g in stale]  # the step mattered
     assert all(g.model_steps == [1] * len(g.token_ids) for g in got)

@@ -98,7 +98,7 @@ def test_sampled_groups_on_a_grouped_query_model_keep_their_logprobs(tokenizer):
     prompts = [p for p in _prompts(tokenizer, [6, 3, 8, 1, 5], seed=4) for _ in range(4)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(0)
-    gens = HFEngine(model, tokenizer, batch_size=8).generate(prompts, sampling)
+    gens = HFEngine(model, tokenizer, batch_size=8, slots=8).generate(prompts, sampling)
     assert_recomputed(model, tokenizer, prompts, gens, sampling)
     assert len({tuple(g.token_ids) for g in gens[:4]}) > 1  # a group's rows differ
 
@@ -108,7 +108,7 @@ def test_a_replaced_sdpa_function_fails_the_decode_loudly(tokenizer):
     """An ``sdpa`` registration that ignores the shared prompts would attend to the rows' own
     columns only; the decoder counts the layers served and stops."""
     model = Qwen2ForCausalLM(demo_model_config(tokenizer, 32, 2, 2, 64)).eval()
-    engine = HFEngine(model, tokenizer, batch_size=4)
+    engine = HFEngine(model, tokenizer, batch_size=4, slots=4)
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
     AttentionInterface.register("sdpa", sdpa_attention_forward)
     try:

@@ -56,7 +56,7 @@ def test_refilled_slots_keep_the_reference_tokens_and_logprobs(eos_model, tokeni
     # groups of 2 over prompts of 4..8 tokens, 3 slots: prompts start while others decode
     prompts = [p for p in _prompts(tokenizer, [4, 8, 5, 3, 7, 6], seed=9) for _ in range(2)]
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=12)
-    engine = HFEngine(eos_model, tokenizer, batch_size=3)
+    engine = HFEngine(eos_model, tokenizer, batch_size=3, slots=3)
     assert engine._refills(sampling)
     torch.manual_seed(4)
     lean: list = []
@@ -83,7 +83,7 @@ def test_sampled_first_tokens_follow_each_prompts_filtered_distribution(eos_mode
     sampling = SamplingConfig(temperature=1.3, top_k=4, top_p=0.95, max_new_tokens=2)
     n = 600
     torch.manual_seed(0)
-    gens = HFEngine(eos_model, tokenizer, batch_size=8).generate([a, b] * n, sampling)
+    gens = HFEngine(eos_model, tokenizer, batch_size=8, slots=8).generate([a, b] * n, sampling)
     assert {len(g.token_ids) for g in gens} == {1, 2}  # some rows end early: slots refill
     vocab = eos_model.config.vocab_size
     for k, prompt in enumerate((a, b)):
@@ -108,7 +108,7 @@ def test_weights_handed_over_mid_call_wait_for_the_live_rows(eos_model, tokenize
         other = Qwen2ForCausalLM(eos_model.config).eval()
     prompts = _prompts(tokenizer, [4, 8, 5, 3, 7, 6], seed=9)
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=6)
-    engine = HFEngine(model, tokenizer, batch_size=2, model_step=1)
+    engine = HFEngine(model, tokenizer, batch_size=2, slots=2, model_step=1)
     waiting, calls = type(engine).weights_waiting, []
 
     def load_on_third_look(self, waiting=waiting):
@@ -129,3 +129,24 @@ def test_weights_handed_over_mid_call_wait_for_the_live_rows(eos_model, tokenize
     assert all(s == {3} for s in steps[cut:])
     ref = HFEngine(other, tokenizer, decode="reference").generate(prompts[cut:], sampling)
     assert [g.token_ids for g in gens[cut:]] == [g.token_ids for g in ref]
+
+
+@pytest.mark.parametrize(
+    ("free_rows", "slots", "batch_size", "want"),
+    [(5.5, 8, 2, 5), (100, 8, 2, 8), (0.5, 8, 2, 2), (100, 2, 4, 2)],
+)
+def test_slots_shrink_to_the_free_memory_but_not_below_a_batch(
+    eos_model, tokenizer, monkeypatch, free_rows, slots, batch_size, want
+):
+    """``slots`` rows, fewer where their KV cache (every row holding its whole context) would
+    take more than ``cache_memory`` of the free memory, never fewer than ``batch_size``."""
+    prompts = _prompts(tokenizer, [4, 8, 5, 3, 7, 6, 4, 5, 6, 7, 3, 8], seed=9)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=12)
+    cfg = eos_model.config  # 2 layers, 2 key/value heads of 32 / 2, float32
+    row_bytes = 2 * 2 * 2 * 16 * (8 - 1 + 12) * 4  # keys and values of 8 - 1 + 12 columns
+    monkeypatch.setattr(hf_refill, "free_memory", lambda _d: int(4 * free_rows * row_bytes))
+    assert (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size) == (2, 2, 32)
+    engine = HFEngine(eos_model, tokenizer, batch_size=batch_size, slots=slots, cache_memory=0.25)
+    assert hf_refill.fitting_slots(engine._lean, prompts, 12, engine) == want
+    rows = _forward_rows(eos_model, lambda: engine.generate(prompts, sampling))
+    assert max(rows) == want  # the first decode step fills every slot
