@@ -8,10 +8,8 @@ refill writes only the new rows: the staying rows are neither copied nor realign
 distinct prompt's keys and values (all but its last token) are held once and read by its rows
 grouped (hf_prompt_attention.py) where that pays (``shares_prompts``); a row's own columns then
 hold its prompt's last token and the tokens it made, else its whole context. Sampling draws for
-the live rows only, one uniform a row inverting its CDF (``multinomial`` draws an exponential
-per token: 4.6 ms a step at 256 rows of the demo's 491 tokens, against 0.12), so under one seed
-the sampled tokens differ from ``generate``'s (same distribution); greedy tokens and logprobs
-are those of the reference path. Shape legend:
+the live rows only, so under one seed the sampled tokens differ from ``generate``'s (same
+distribution); greedy tokens and logprobs are those of the reference path. Shape legend:
 N = prompts, b = slots, W = own columns, K = key/value heads, D = head size, V = vocabulary.
 """
 
@@ -31,7 +29,6 @@ from rltool.engines.base import Generation
 from rltool.engines.hf_decode import LeanDecoder, _filter_logits
 from rltool.engines.hf_prefill import left_pad
 from rltool.engines.hf_prompt_attention import PROMPTS_KWARG, SharedPrompts
-from rltool.engines.hf_sampling import inverse_cdf
 
 if TYPE_CHECKING:  # hf.py imports this module
     from rltool.engines.hf import HFEngine
@@ -328,8 +325,7 @@ def decode_refilling(
             chosen = scores.argmax(-1)  # [b]
         else:
             filtered = _filter_logits(scores, sampling.top_k, sampling.top_p)
-            u = torch.rand((len(scores), 1), dtype=torch.float64, device=device)
-            chosen = inverse_cdf(filtered.softmax(-1), u).squeeze(-1)  # [b]
+            chosen = torch.multinomial(filtered.softmax(-1), 1).squeeze(-1)  # [b]
         lp = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)  # [b]
         chosen = chosen.masked_fill(live.done, dec.pad_id)
         act = live.row[~live.done]  # prompt indices of the rows that made a token

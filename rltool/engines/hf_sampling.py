@@ -53,15 +53,6 @@ class SampleSeeds:
         return out
 
 
-def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Each row's token [B, 1] where its CDF passes ``uniform`` [B, 1] (in [0, 1), float64)
-    times the row's total: one uniform a row, where ``multinomial`` draws an exponential per
-    token. The CDF is summed in float64 and u scaled by the row's total, so the index found is
-    always a token of nonzero probability (probs [B, V] need not sum to 1)."""
-    cdf = probs.double().cumsum(-1)  # [B, V]
-    return torch.searchsorted(cdf, uniform * cdf[:, -1:], side="right")  # [B, 1]
-
-
 def generators(seeds: Sequence[int], device: torch.device) -> list[torch.Generator]:
     return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
@@ -85,11 +76,13 @@ class PerSampleSampler(LogitsProcessor):
         assert scores.shape[0] == len(self.streams), "one sampling stream per row"
         for warper in self.warpers:
             scores = warper(input_ids, scores)
-        # one uniform per row from its own stream, the rest batched (B multinomial calls
-        # cost more)
+        # inverse-CDF sampling: one uniform per row from its own stream, the rest batched
+        # (B multinomial calls cost more); float64 sums, and u scaled by the row's total,
+        # so the index found is always a token of nonzero probability
+        cdf = torch.softmax(scores.float(), dim=-1).double().cumsum(-1)  # [B, V]
         u = torch.cat(  # [B, 1]
-            [torch.rand(1, generator=g, device=g.device, dtype=torch.float64) for g in self.streams]
+            [torch.rand(1, generator=g, device=g.device, dtype=cdf.dtype) for g in self.streams]
         ).unsqueeze(1)
-        chosen = inverse_cdf(torch.softmax(scores.float(), dim=-1), u)  # [B, 1]
+        chosen = torch.searchsorted(cdf, u * cdf[:, -1:], side="right")  # [B, 1]
         out = torch.full_like(scores, -float("inf"))  # [B, V]
         return out.scatter_(1, chosen, 0.0)

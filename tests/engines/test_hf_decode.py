@@ -1,8 +1,8 @@
 """The lean decode path (``HFEngine(decode="lean")``, rltool/engines/hf_decode.py and, without
 pause points or routing capture, hf_refill.py) against the reference path (``generate``): the
 same greedy tokens, logprobs within 1e-5 and equal to a trainer's recomputation, the same pause
-points, routing capture on tiny MoE models. The refill loop draws for live rows only, one
-uniform a row, so under one seed its sampled tokens differ from ``generate``'s: those are
+points, routing capture on tiny MoE models. With refill, sampled rows draw only while live, so
+under one seed their tokens differ from ``generate``'s once a row has finished: those are
 checked by recomputation (tests/engines/test_hf_refill.py: their distribution)."""
 
 from __future__ import annotations
@@ -84,16 +84,13 @@ def test_groups_of_repeated_prompts_match_the_reference(random_model, tokenizer,
     # groups of 4 over prompts of 7, 4, 6 and 1 tokens (left padding to 7)
     a, b, c, d = _prompts(tokenizer, [7, 4, 6, 1])
     prompts = [a] * 4 + [b] * 4 + [c] * 4 + [d] * 2
-    # the per-batch loop (pause points) draws as generate does: the same tokens under a seed
-    per_batch, ref = _both(random_model, tokenizer, prompts, sampling, chunk_tokens=10**9)
+    lean, ref = _both(random_model, tokenizer, prompts, sampling)
     if not sampling.temperature:
         assert_clear_greedy(random_model, prompts, ref)
-    _assert_same(per_batch, ref)
-    lean, _ = _both(random_model, tokenizer, prompts, sampling)  # the refill loop
-    if not sampling.temperature:
-        _assert_same(lean, ref)  # sampled, it draws its own way (test_hf_refill.py)
-    for gens in (per_batch, lean):  # what the trainer recomputes
-        assert_recomputed(random_model, tokenizer, prompts, gens, sampling)
+    _assert_same(lean, ref)
+    for p, gen in zip(prompts, lean, strict=True):  # what the trainer recomputes
+        want, _ = reference_logprobs(random_model, p, gen.token_ids, sampling.temperature or 1.0)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), want, atol=1e-5, rtol=0)
     if sampling.temperature > 0:  # repeats are sampled independently
         assert len({tuple(g.token_ids) for g in lean[:4]}) > 1
 
@@ -102,11 +99,8 @@ def test_eos_stop_strings_and_one_token_prompts(random_model, tokenizer):
     """Rows that end (EOS is the pad id here) stay in the batch, masked; a stop string ends a
     row; one-token contexts skip the prefix forward."""
     prompts = _prompts(tokenizer, [1, 1, 1], seed=5)
-    sampling = SamplingConfig(temperature=1.0)
-    per_batch, ref = _both(random_model, tokenizer, prompts, sampling, chunk_tokens=10**9)
-    _assert_same(per_batch, ref)
-    lean, _ = _both(random_model, tokenizer, prompts, sampling)  # the refill loop
-    assert_recomputed(random_model, tokenizer, prompts, lean, sampling)
+    lean, ref = _both(random_model, tokenizer, prompts, SamplingConfig(temperature=1.0))
+    _assert_same(lean, ref)
     ref_text = ref[0].text
     stop = SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[ref_text[2:4] or "x"])
     lean, ref = _both(random_model, tokenizer, _prompts(tokenizer, [5, 3], seed=7) * 2, stop)

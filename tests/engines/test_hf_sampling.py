@@ -11,7 +11,7 @@ from rltool.app.demo_model import demo_model_config
 from rltool.config.schema import SamplingConfig
 from rltool.demo.data import prompt_messages
 from rltool.engines.hf import HFEngine
-from rltool.engines.hf_sampling import PerSampleSampler, generators, inverse_cdf
+from rltool.engines.hf_sampling import PerSampleSampler, generators
 
 HOT = SamplingConfig(temperature=1.0, max_new_tokens=8)
 
@@ -107,11 +107,3 @@ def test_a_row_continued_after_a_weights_pause_keeps_its_stream(model, tokenizer
     assert [g.model_steps[:3] for g in paused] == [[1, 1, 1]] * 2  # it did pause after 3
     assert all(2 in g.model_steps for g in paused)
     assert [g.token_ids for g in paused] == [g.token_ids for g in plain]
-
-
-def test_inverse_cdf_draws_the_token_whose_share_holds_the_uniform():
-    """Each token owns [cdf before it, its cdf) of the row's total: a token of probability 0
-    owns nothing, even at the ends of [0, 1); rows need not sum to 1."""
-    probs = torch.tensor([[0.0, 0.5, 0.0, 1.5, 0.0]]).repeat(5, 1)  # total 2
-    u = torch.tensor([[0.0], [0.2499], [0.25], [0.9999], [1 - 2**-53]], dtype=torch.float64)
-    assert inverse_cdf(probs, u).squeeze(-1).tolist() == [1, 1, 3, 3, 3]
