@@ -27,9 +27,9 @@ finished slots refilled), "hf (lean, per batch)" the lean loop a batch at a time
 needed); ``--repeat N`` runs them N times, interleaved, each round seeded alike for every path,
 and reports each one's median round, every round's ratio to "hf" and all rounds pooled.
 ``--hf-only --repeat 5 --threads 2``, 2 idle cores (2026-12-03, docs/engines.md#lean-decode):
-reference 752 -> lean per batch 1452 -> lean with refill 1878 tokens/s pooled (2.50x; median
-round 2.74x); the reference path's rate moves most between runs (its batches run to their
-longest row).
+reference 805 -> lean per batch 1536 -> lean with refill (256 slots) 2740 tokens/s pooled
+(3.40x; median round 3.51x; with 64 slots, the same hour, 2.57x); the reference path's rate
+moves most between runs (its batches run to their longest row).
 """
 
 from __future__ import annotations
