@@ -95,8 +95,8 @@ class HFEngine(RolloutEngine):
         whenever the model has MoE routers. ``decode``: ``lean`` (hf_decode.py: static cache,
         own decode loop; ``reference`` where the model does not allow it) or ``reference``
         (``generate``). ``slots``: rows the lean refill loop decodes at once, fewer where
-        their KV cache would take more than ``cache_memory`` of the free device memory, but
-        not fewer than ``batch_size`` (hf_refill.fitting_slots)."""
+        their KV cache would take more than ``cache_memory`` of the free device memory, never
+        fewer than ``batch_size`` (hf_refill.fitting_slots)."""
         if decode not in ("lean", "reference"):
             raise ValueError(f"decode={decode!r}: expected 'lean' or 'reference'")
         # the trainer's LoRA policy, shared: read at each sync, never generated with

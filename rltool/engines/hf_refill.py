@@ -241,15 +241,17 @@ def free_memory(device: torch.device) -> int:
 def fitting_slots(
     dec: LeanDecoder, prompts: Sequence[Sequence[int]], max_new: int, engine: HFEngine
 ) -> int:
-    """The rows the loop decodes at once: ``engine.slots``, fewer where their own columns'
-    keys and values (each holding its whole context: the larger layout) would take more than
-    ``engine.cache_memory`` of the free memory, but not fewer than ``engine.batch_size`` (a
+    """The rows the loop decodes at once: ``engine.slots``, fewer where a row's keys and
+    values (its whole context in its own columns: the larger layout) and the step's float32
+    vocabulary rows (logits, scores, probabilities) would take more than
+    ``engine.cache_memory`` of the free memory, and never fewer than ``engine.batch_size`` (a
     batch of the per-batch loop holds as much)."""
     layers, heads, head_dim = _kv_shape(dec)
     width = max(map(len, prompts)) - 1 + max_new
-    row_bytes = 2 * layers * heads * head_dim * width * dec.model.dtype.itemsize
-    fit = int(engine.cache_memory * free_memory(dec.model.device)) // row_bytes
-    return min(engine.slots, max(fit, engine.batch_size))
+    kv = 2 * layers * heads * head_dim * width * dec.model.dtype.itemsize
+    vocab = 4 * 4 * dec.model.config.get_text_config(decoder=True).vocab_size
+    fit = int(engine.cache_memory * free_memory(dec.model.device)) // (kv + vocab)
+    return max(engine.batch_size, min(engine.slots, fit))
 
 
 def shares_prompts(prompts: Sequence[Sequence[int]], slots: int) -> bool:

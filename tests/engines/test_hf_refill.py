@@ -133,17 +133,19 @@ def test_weights_handed_over_mid_call_wait_for_the_live_rows(eos_model, tokenize
 
 @pytest.mark.parametrize(
     ("free_rows", "slots", "batch_size", "want"),
-    [(5.5, 8, 2, 5), (100, 8, 2, 8), (0.5, 8, 2, 2), (100, 2, 4, 2)],
+    [(5.5, 8, 2, 5), (100, 8, 2, 8), (0.5, 8, 2, 2), (100, 2, 4, 4)],
 )
 def test_slots_shrink_to_the_free_memory_but_not_below_a_batch(
     eos_model, tokenizer, monkeypatch, free_rows, slots, batch_size, want
 ):
-    """``slots`` rows, fewer where their KV cache (every row holding its whole context) would
-    take more than ``cache_memory`` of the free memory, never fewer than ``batch_size``."""
+    """``slots`` rows, fewer where their KV cache (every row holding its whole context) and
+    vocabulary rows would take more than ``cache_memory`` of the free memory, never fewer
+    than ``batch_size``."""
     prompts = _prompts(tokenizer, [4, 8, 5, 3, 7, 6, 4, 5, 6, 7, 3, 8], seed=9)
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=12)
     cfg = eos_model.config  # 2 layers, 2 key/value heads of 32 / 2, float32
-    row_bytes = 2 * 2 * 2 * 16 * (8 - 1 + 12) * 4  # keys and values of 8 - 1 + 12 columns
+    # keys and values of 8 - 1 + 12 columns, 4 float32 vocabulary rows
+    row_bytes = 2 * 2 * 2 * 16 * (8 - 1 + 12) * 4 + 4 * 4 * cfg.vocab_size
     monkeypatch.setattr(hf_refill, "free_memory", lambda _d: int(4 * free_rows * row_bytes))
     assert (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size) == (2, 2, 32)
     engine = HFEngine(eos_model, tokenizer, batch_size=batch_size, slots=slots, cache_memory=0.25)
