@@ -173,6 +173,7 @@ def follow(recipe: RecipeConfig) -> None:
             elif kind == "load":
                 restore_updater(Path(arg), model, updater.optimizer, updater.scheduler, shard)
             elif kind == "stop":
+                ready(shard)  # the leader's Run.close waits here too
                 return
             else:
                 raise AssertionError(f"unknown message from the leader: {kind!r}")

@@ -103,6 +103,7 @@ class Run:
         self.producer.close()
         if self.shard is not None:
             tell(self, "stop")
+            ready(self.shard)  # every rank tears gloo down together (one alone can abort another)
             close_shard(self.shard)
 
 
