@@ -22,10 +22,11 @@ oversubscription, not the engines.
 
 "hf" is the reference decode path (``rollout.hf_decode: reference``, ``generate``), "hf (lean
 decode)" the default one (rltool/engines/hf_decode.py, hf_refill.py: all prompts in one loop,
-finished slots refilled), "hf (lean, per batch)" the lean loop a batch at a time (what runs with
-``rollout.chunk_tokens``); ``--hf-only`` times just those, in rltool's own environment (no vLLM
-needed); ``--repeat N`` runs them N times, interleaved, each round seeded alike for every path,
-and reports each one's median round, every round's ratio to "hf" and all rounds pooled.
+finished slots refilled, with or without ``rollout.chunk_tokens``), "hf (lean, per batch)" the
+lean loop a batch at a time (what runs with MoE routing capture); ``--hf-only`` times just
+those, in rltool's own environment (no vLLM needed); ``--repeat N`` runs them N times,
+interleaved, each round seeded alike for every path, and reports each one's median round,
+every round's ratio to "hf" and all rounds pooled.
 ``--hf-only --repeat 5 --threads 2``, 2 idle cores (2026-12-03, docs/engines.md#lean-decode):
 reference 805 -> lean per batch 1536 -> lean with refill (256 slots) 2740 tokens/s pooled
 (3.40x; median round 3.51x; with 64 slots, the same hour, 2.57x); the reference path's rate
@@ -73,6 +74,12 @@ def load_prompts(tokenizer, n: int) -> list[list[int]]:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
+
+
+def per_batch(engine: HFEngine) -> HFEngine:
+    """The lean loop a batch at a time, rows in step (what routing capture runs), no refill."""
+    engine._refills = lambda _sampling: False
+    return engine
 
 
 def timed(engine: RolloutEngine, prompts: Sequence[Sequence[int]], s: SamplingConfig) -> tuple:
@@ -173,8 +180,7 @@ def main() -> None:
     results: dict[str, tuple[int, float]] = {}
     hf_runs: list[tuple[str, Callable[[], RolloutEngine]]] = [
         ("hf", lambda: HFEngine(model, tokenizer, decode="reference")),
-        # chunk_tokens (pause points) keeps the lean loop to one batch at a time, no refill
-        ("hf (lean, per batch)", lambda: HFEngine(model, tokenizer, chunk_tokens=10**9)),
+        ("hf (lean, per batch)", lambda: per_batch(HFEngine(model, tokenizer))),
         ("hf (lean decode)", lambda: HFEngine(model, tokenizer, decode="lean")),
     ]
     rounds: dict[str, list[tuple[int, float]]] = {name: [] for name, _ in hf_runs}

@@ -13,7 +13,6 @@ import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from rltool.engines.hf_prefill import SharedPrefill
 from rltool.engines.hf_reference import generate_rows
 from rltool.engines.hf_refill import generate_refilling
 from rltool.engines.hf_routing import rows_routing
+from rltool.engines.hf_rows import RowsSoFar
 from rltool.engines.hf_sampling import SampleSeeds, generators
 from rltool.engines.registry import ENGINES
 from rltool.lora import has_lora_layers, merged_copy
@@ -50,27 +50,6 @@ def _check_sampling(sampling: SamplingConfig) -> None:
     ]
     if problems:
         raise ValueError("; ".join(problems))
-
-
-@dataclass(slots=True)
-class _RowsSoFar:
-    """What each row of one batch generated so far (lists of R_b entries per row)."""
-
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    steps: list[list[int]]
-    finished: list[bool]
-    routing: list[Any]  # [C + R, L, k] per row, from its latest call (None: not recorded)
-
-    @classmethod
-    def empty(cls, rows: int) -> _RowsSoFar:
-        return cls(
-            [[] for _ in range(rows)],
-            [[] for _ in range(rows)],
-            [[] for _ in range(rows)],
-            [False] * rows,
-            [None] * rows,
-        )
 
 
 class HFEngine(RolloutEngine):
@@ -215,11 +194,10 @@ class HFEngine(RolloutEngine):
             return out
 
     def _refills(self, sampling: SamplingConfig) -> bool:
-        """The lean loop over all prompts (hf_refill.py): not with pause points, routing capture
-        or per-sample streams, which need rows in step or every row in every forward."""
+        """The lean loop over all prompts (hf_refill.py): not with routing capture or
+        per-sample streams, which need every row in every forward or rows in step."""
         streams = self._sample_seeds is not None and sampling.temperature > 0
-        plain = self.chunk_tokens is None and self._routers is None and not streams
-        return self._lean is not None and plain
+        return self._lean is not None and self._routers is None and not streams
 
     def _generate_batch(
         self,
@@ -231,16 +209,9 @@ class HFEngine(RolloutEngine):
         new weights is continued: the unfinished rows go on from prompt + tokens so far
         (finished rows drop out) with the new weights, each row on its own stream still
         (``seeds``: one per row; None = torch's global generator)."""
-        rows = _RowsSoFar.empty(len(prompts))
+        rows = RowsSoFar.empty(len(prompts))
         streams = None if seeds is None else generators(seeds, self.model.device)
-        while True:
-            active = [
-                r
-                for r in range(len(prompts))
-                if not rows.finished[r] and len(rows.tokens[r]) < sampling.max_new_tokens
-            ]
-            if not active:
-                break
+        while active := rows.unfinished(range(len(prompts)), sampling.max_new_tokens):
             done = len(rows.tokens[active[0]])
             assert all(len(rows.tokens[r]) == done for r in active), "unfinished rows out of step"
             self._apply_pending()
@@ -250,21 +221,8 @@ class HFEngine(RolloutEngine):
             new, logprobs, finished, routing = self._generate_rows(contexts, sampling, budget, own)
             for r, t, lp, fin, rt in zip(active, new, logprobs, finished, routing, strict=True):
                 rows.routing[r] = rt  # a continued row's context was routed again: the latest
-                rows.tokens[r] += t
-                rows.logprobs[r] += lp
-                rows.steps[r] += [self._model_step] * len(t)
-                rows.finished[r] = fin
-        return [
-            Generation(
-                token_ids=rows.tokens[r],
-                logprobs=rows.logprobs[r],
-                model_steps=rows.steps[r],
-                finish_reason="stop" if rows.finished[r] else "length",
-                text=self.tokenizer.decode(rows.tokens[r], skip_special_tokens=True),
-                routed_experts=rows.routing[r],
-            )
-            for r in range(len(prompts))
-        ]
+                rows.add(r, t, lp, self._model_step, fin)
+        return rows.generations(self.tokenizer)
 
     @torch.no_grad()
     def _generate_rows(

@@ -2,6 +2,8 @@
 ``slots`` live rows; whenever a quarter of the slots have finished, the next prompts take the
 finished rows' slots (one prefill of their distinct contexts), so no batch waits for its longest
 row while its other slots idle. Once no prompt is left to start, finished rows leave the batch.
+At a pause point with new weights waiting (``chunk_tokens``), the loop stops; its unfinished
+rows go on in the next loop, on the new weights, from their prompt and tokens so far.
 
 Every row writes its keys from column 0 of its slot at a column of its own (``_Cursor``), so a
 refill writes only the new rows: the staying rows are neither copied nor realigned. Each
@@ -29,6 +31,7 @@ from rltool.engines.base import Generation
 from rltool.engines.hf_decode import LeanDecoder, _filter_logits
 from rltool.engines.hf_prefill import left_pad
 from rltool.engines.hf_prompt_attention import PROMPTS_KWARG, SharedPrompts
+from rltool.engines.hf_rows import RowsSoFar
 
 if TYPE_CHECKING:  # hf.py imports this module
     from rltool.engines.hf import HFEngine
@@ -267,34 +270,39 @@ def shares_prompts(prompts: Sequence[Sequence[int]], slots: int) -> bool:
 @torch.no_grad()
 def decode_refilling(
     dec: LeanDecoder,
-    prompts: Sequence[Sequence[int]],
+    contexts: Sequence[Sequence[int]],
+    budgets: Sequence[int],
     sampling: SamplingConfig,
     stop: StopStringCriteria | None,
     slots: int,
     may_refill: Callable[[], bool],
+    pause: Callable[[int], bool],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens [n, T] and logprobs [n, T] (T = max_new_tokens), tokens made [n] and finished
-    [n] (EOS or stop string) of ``prompts[:n]``; n = all of them unless ``may_refill()``
-    said no (new weights wait): then the live rows end and no further prompt starts."""
-    device, max_new = dec.model.device, sampling.max_new_tokens
-    n_all = len(prompts)
+    """Tokens [n, T] and logprobs [n, T] (T = the largest budget), tokens made [n] and finished
+    [n] (EOS or stop string) of ``contexts[:n]``, each making at most its ``budgets`` entry.
+    n = all of them unless the loop stopped early: ``may_refill()`` said no (new weights
+    wait: the live rows end and no further context starts) or ``pause(s)`` said yes after s
+    decode steps (a pause point: the live rows stop where they are, unfinished)."""
+    device, max_new = dec.model.device, max(budgets)
+    n_all = len(contexts)
+    budget = torch.as_tensor(budgets, dtype=torch.long, device=device)  # [n]
     tokens = torch.full((n_all, max_new), dec.pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((n_all, max_new), device=device)
     made = torch.zeros(n_all, dtype=torch.long, device=device)
     finished = torch.zeros(n_all, dtype=torch.bool, device=device)
     greedy = sampling.temperature == 0
     temperature = 1.0 if greedy else sampling.temperature
-    started = 0
+    started = steps = 0
     tail = 0 if stop is None else stop.maximum_token_len  # what a stop string looks back on
-    shared = shares_prompts(prompts, slots)
+    shared = shares_prompts(contexts, slots)
     # own columns: shared, the prompt's last token and the fed tokens; else the whole context
-    width = max_new if shared else max(map(len, prompts)) - 1 + max_new
+    width = max_new if shared else max(map(len, contexts)) - 1 + max_new
     live = _start(dec, min(slots, n_all), width, tail)
     while True:
         b = len(live.row)
         running = b - int(live.done.sum())
         if started < n_all and 4 * (b - running) >= b and may_refill():
-            new = prompts[started : started + b - running]
+            new = contexts[started : started + b - running]
             _refill(dec, live, new, started, shared)
             started += len(new)
         elif running == 0:
@@ -340,30 +348,49 @@ def decode_refilling(
             ended |= stop(live.tail, scores).to(device)
         ended &= ~live.done
         finished[live.row[ended]] = True
-        live.done |= ended | (made[live.row] >= max_new)
+        live.done |= ended | (made[live.row] >= budget[live.row])
         live.fed, live.pos = chosen[:, None], live.pos + 1
         at.col += (~live.done).long()  # a finished row writes its (ignored) keys in place
+        steps += 1
+        if pause(steps):
+            break
     return tokens[:started], logprobs[:started], made[:started], finished[:started]
 
 
 def generate_refilling(
     engine: HFEngine, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
 ) -> list[Generation]:
-    """``engine.generate`` on the refilling loop: at most ``fitting_slots`` rows live; new weights
-    handed over meanwhile are taken once the live rows end (no prompt starts before)."""
-    tokenizer = engine.tokenizer
-    stop = StopStringCriteria(tokenizer, sampling.stop) if sampling.stop else None
-    out: list[Generation] = []
-    while len(out) < len(prompts):
+    """``engine.generate`` on the refilling loop, at most ``fitting_slots`` rows live. New weights
+    handed over meanwhile are taken, with ``engine.chunk_tokens``, at the next pause point
+    (every that many decode steps): the live rows stop there and go on from prompt + tokens so
+    far on the new weights, ahead of the prompts not yet started. Without, they are taken once
+    the live rows end (no prompt starts before)."""
+    stop = StopStringCriteria(engine.tokenizer, sampling.stop) if sampling.stop else None
+    every, max_new = engine.chunk_tokens, sampling.max_new_tokens
+
+    def pause(steps: int) -> bool:
+        return every is not None and steps % every == 0 and engine.weights_waiting
+
+    rows = RowsSoFar.empty(len(prompts))
+    todo = list(range(len(prompts)))  # the rows to start or go on with, in this order
+    while todo:
         engine._apply_pending()
         assert engine._lean is not None
-        left = prompts[len(out) :]
-        slots = fitting_slots(engine._lean, left, sampling.max_new_tokens, engine)
-        rows = decode_refilling(
-            engine._lean, left, sampling, stop, slots, lambda: not engine.weights_waiting
+        contexts = [[*prompts[r], *rows.tokens[r]] for r in todo]
+        budgets = [max_new - len(rows.tokens[r]) for r in todo]
+        slots = fitting_slots(engine._lean, contexts, max(budgets), engine)
+        out = decode_refilling(
+            engine._lean,
+            contexts,
+            budgets,
+            sampling,
+            stop,
+            slots,
+            lambda: not engine.weights_waiting,
+            pause,
         )
-        for t, lp, m, e in zip(*(x.tolist() for x in rows), strict=True):
-            text = tokenizer.decode(t[:m], skip_special_tokens=True)
-            steps = [engine.model_step] * m
-            out.append(Generation(t[:m], lp[:m], steps, "stop" if e else "length", text))
-    return out
+        started = len(out[0])
+        for r, t, lp, m, e in zip(todo[:started], *(x.tolist() for x in out), strict=True):
+            rows.add(r, t[:m], lp[:m], engine.model_step, e)
+        todo = rows.unfinished(todo[:started], max_new) + todo[started:]
+    return rows.generations(engine.tokenizer)

@@ -270,7 +270,8 @@ def test_weights_loaded_mid_generation_apply_at_the_next_pause_point(model, toke
 
 
 def test_pause_points_without_new_weights_do_not_stop_generation(model, tokenizer):
-    engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2)
+    # the reference path; the lean loop's: test_hf_refill.py
+    engine = HFEngine(_copy_of(model), tokenizer, model_step=1, chunk_tokens=2, decode="reference")
     calls = []
     generate_rows = engine._generate_rows
     engine._generate_rows = lambda *args: calls.append(1) or generate_rows(*args)
@@ -279,31 +280,38 @@ def test_pause_points_without_new_weights_do_not_stop_generation(model, tokenize
     assert gen.model_steps == [1] * len(gen.token_ids)
 
 
-def test_load_weights_from_another_thread_waits_for_a_chunk_boundary(model, tokenizer):
+@pytest.mark.parametrize("decode", ["lean", "reference"])
+def test_load_weights_from_another_thread_waits_for_a_chunk_boundary(model, tokenizer, decode):
+    """A trainer thread hands weights over while the first decode step runs: the call goes on
+    to the pause point (3 tokens), then on the new weights."""
     import threading
 
-    engine = HFEngine(_copy_of(model), tokenizer, model_step=0, chunk_tokens=3)
-    started, loaded = threading.Event(), threading.Event()
-    first_chunk = engine._generate_rows
+    policy = _copy_of(model)
+    engine = HFEngine(policy, tokenizer, model_step=0, chunk_tokens=3, decode=decode)
+    started, loaded, forwards = threading.Event(), threading.Event(), []
 
-    def pause_in_first_chunk(*args):
-        if not started.is_set():
+    def block_in_second_forward(_module, _args):  # a prefill, then the first decode step
+        forwards.append(1)
+        if len(forwards) == 2:
             started.set()
             assert loaded.wait(30), "the main thread never loaded weights"
-        return first_chunk(*args)
 
-    engine._generate_rows = pause_in_first_chunk
+    hook = policy.register_forward_pre_hook(block_in_second_forward)
     out = []
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=9)
     worker = threading.Thread(
         target=lambda: out.extend(engine.generate([prompt(tokenizer)], sampling))
     )
-    worker.start()
-    assert started.wait(30)
-    engine.load_weights(_other_weights(tokenizer), 2)  # returns at once: a chunk is running
-    assert engine.model_step == 0
-    loaded.set()
-    worker.join(60)
+    try:
+        worker.start()
+        assert started.wait(30)
+        engine.load_weights(_other_weights(tokenizer), 2)  # returns at once: a chunk is running
+        assert engine.model_step == 0
+        loaded.set()
+        worker.join(60)
+    finally:
+        loaded.set()
+        hook.remove()
     [gen] = out
     assert gen.model_steps[:3] == [0, 0, 0]
-    assert set(gen.model_steps[3:]) <= {2} and engine.model_step == 2
+    assert set(gen.model_steps[3:]) == {2} and engine.model_step == 2

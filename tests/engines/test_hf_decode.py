@@ -1,5 +1,5 @@
 """The lean decode path (``HFEngine(decode="lean")``, rltool/engines/hf_decode.py and, without
-pause points or routing capture, hf_refill.py) against the reference path (``generate``): the
+routing capture, hf_refill.py) against the reference path (``generate``): the
 same greedy tokens, logprobs within 1e-5 and equal to a trainer's recomputation, the same pause
 points, routing capture on tiny MoE models. With refill, sampled rows draw only while live, so
 under one seed their tokens differ from ``generate``'s once a row has finished: those are
@@ -135,7 +135,15 @@ def test_greedy_eos_ends_rows_early(tokenizer):
     assert rows[:2] == [4, 8] and min(rows) < 4, rows
 
 
+@pytest.fixture
+def per_batch(monkeypatch):
+    """The lean loop a batch at a time (rows in step: what routing capture runs), not refill
+    (test_hf_refill.py has its pause points)."""
+    monkeypatch.setattr(HFEngine, "_refills", lambda _self, _sampling: False)
+
+
 @pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.usefixtures("per_batch")
 def test_pause_points_take_new_weights_where_the_reference_does(random_model, tokenizer, every):
     """New weights arrive after the first token: both paths stop at the same pause point and
     continue with the new weights."""
@@ -166,6 +174,7 @@ def test_pause_points_take_new_weights_where_the_reference_does(random_model, to
     assert lean[0].model_steps[:every] == [1] * every and 3 in lean[0].model_steps
 
 
+@pytest.mark.usefixtures("per_batch")
 def test_pause_points_without_new_weights_keep_one_decode(random_model, tokenizer, monkeypatch):
     calls = []
     decode = hf_decode.LeanDecoder.decode

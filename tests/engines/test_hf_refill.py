@@ -1,13 +1,16 @@
 """The lean loop with refill (rltool/engines/hf_refill.py): more prompts than ``batch_size``,
 rows that end at different steps, finished slots taken by the next prompts. Greedy tokens equal
 the reference path's, sampled ones are drawn from the model's filtered distribution, new weights
-wait until the live rows end."""
+wait until the live rows end or, with ``chunk_tokens``, until the next pause point."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from types import SimpleNamespace
+
 import pytest
 import torch
-from hf_reference import assert_clear_greedy
+from hf_reference import assert_clear_greedy, reference_logprobs
 from test_hf_decode import _prompts, assert_recomputed
 from transformers import Qwen2ForCausalLM
 
@@ -129,6 +132,88 @@ def test_weights_handed_over_mid_call_wait_for_the_live_rows(eos_model, tokenize
     assert all(s == {3} for s in steps[cut:])
     ref = HFEngine(other, tokenizer, decode="reference").generate(prompts[cut:], sampling)
     assert [g.token_ids for g in gens[cut:]] == [g.token_ids for g in ref]
+
+
+@contextmanager
+def _handed_over_at_forward(engine, model, n: int, weights):
+    """``weights`` (step 3) reach ``engine`` as ``model``'s ``n``-th forward starts, as a
+    trainer's sync would reach a generate in flight."""
+    forwards: list[int] = []
+
+    def hook(_module, _args):
+        forwards.append(1)
+        if len(forwards) == n:
+            engine.load_weights(weights, 3)
+
+    handle = model.register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _assert_own_models(prompts, gens, models, temperature) -> list[int]:
+    """Each row's tokens: those of step 1 then those of step 3, each part's logprobs its own
+    model's (greedy: its argmax), the second part continuing from prompt + the first. Returns
+    each row's count of step-1 tokens."""
+    old, new = models
+    splits = []
+    for p, g in zip(prompts, gens, strict=True):
+        j = g.model_steps.count(1)
+        assert g.model_steps == [1] * j + [3] * (len(g.token_ids) - j), g.model_steps
+        splits.append(j)
+        parts = [(old, p, g.token_ids[:j], g.logprobs[:j])]
+        parts.append((new, p + g.token_ids[:j], g.token_ids[j:], g.logprobs[j:]))
+        for m, context, tokens, lps in parts:
+            if not tokens:
+                continue
+            want, argmax = reference_logprobs(m, context, tokens, temperature or 1.0)
+            torch.testing.assert_close(torch.tensor(lps), want, atol=1e-5, rtol=0)
+            if not temperature:
+                assert_clear_greedy(m, [context], [SimpleNamespace(token_ids=tokens)])
+                assert tokens == argmax.tolist()
+    return splits
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_pause_points_hand_the_live_rows_to_new_weights(eos_model, tokenizer, every, temperature):
+    """With ``chunk_tokens``, weights handed over mid-call stop the loop at the next pause
+    point: the live rows go on from prompt + tokens so far on the new weights, and no prompt
+    starts on the old ones after."""
+    model = Qwen2ForCausalLM(eos_model.config).eval()
+    model.load_state_dict(eos_model.state_dict())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        other = Qwen2ForCausalLM(eos_model.config).eval()
+    prompts = _prompts(tokenizer, [4, 8, 5, 3, 7, 6, 5, 4], seed=9)
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=8)
+    engine = HFEngine(model, tokenizer, batch_size=3, slots=3, chunk_tokens=every, model_step=1)
+    assert engine._refills(sampling)
+    torch.manual_seed(4)
+    # forward 4 comes after the first prefill and at most 3 decode steps: the pause point is
+    # the first multiple of `every` from step 3 on
+    with _handed_over_at_forward(engine, model, 4, other.state_dict()):
+        gens = engine.generate(prompts, sampling)
+    splits = _assert_own_models(prompts, gens, (eos_model, other), temperature)
+    cut = next(i for i, j in enumerate(splits) if j == 0)
+    assert not any(splits[cut:]), splits  # no prompt starts on the old weights after
+    assert any(0 < j < len(g.token_ids) for j, g in zip(splits, gens, strict=True)), splits
+    assert max(splits) <= -(-3 // every) * every, splits
+
+
+def test_pause_points_without_new_weights_keep_one_loop(eos_model, tokenizer, monkeypatch):
+    calls = []
+    loop = hf_refill.decode_refilling
+    monkeypatch.setattr(hf_refill, "decode_refilling", lambda *a: calls.append(1) or loop(*a))
+    engine = HFEngine(eos_model, tokenizer, batch_size=2, slots=2, chunk_tokens=1)
+    prompts = _prompts(tokenizer, [5, 3, 4], seed=2)
+    gens = engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=6))
+    assert len(calls) == 1
+    ref = HFEngine(eos_model, tokenizer, decode="reference").generate(
+        prompts, SamplingConfig(temperature=0.0, max_new_tokens=6)
+    )
+    assert [g.token_ids for g in gens] == [g.token_ids for g in ref]
 
 
 @pytest.mark.parametrize(
