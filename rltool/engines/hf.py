@@ -118,6 +118,12 @@ class HFEngine(RolloutEngine):
         """New weights were handed over during this generate and wait for a pause point."""
         return self._pending is not None  # one reference read: no lock needed
 
+    def pauses_at(self, n: int) -> bool:
+        """Whether the lean loops stop after their ``n``-th decode step: a pause point (every
+        ``chunk_tokens``) with new weights waiting."""
+        every = self.chunk_tokens
+        return every is not None and n % every == 0 and self.weights_waiting
+
     def sync_weights(self, model_step: int) -> None:
         """Record the step (the engine samples from the trainer's model object), or copy a
         shared LoRA policy's merged weights in (``load_weights``)."""
@@ -250,11 +256,6 @@ class HFEngine(RolloutEngine):
         stop: StopStringCriteria | None,
     ) -> tuple[list[list[int]], list[list[float]], list[bool], list[Any]]:
         """``_generate_rows`` on the lean decode loop (same pause points, same routing)."""
-        every = self.chunk_tokens
-
-        def pause(n_new: int) -> bool:
-            return every is not None and n_new % every == 0 and self.weights_waiting
-
         with (
             recording(self.model, self._routers)
             if self._routers is not None
@@ -262,7 +263,7 @@ class HFEngine(RolloutEngine):
         ):
             assert self._lean is not None
             new, logprobs, ended = self._lean.decode(
-                contexts, sampling, max_new, stop, pause, compact=self._routers is None
+                contexts, sampling, max_new, stop, self.pauses_at, compact=self._routers is None
             )
         finished = ended > 0  # [B]
         lengths = torch.where(finished, ended, new.shape[1]).tolist()  # [B]

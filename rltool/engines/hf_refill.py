@@ -366,11 +366,7 @@ def generate_refilling(
     far on the new weights, ahead of the prompts not yet started. Without, they are taken once
     the live rows end (no prompt starts before)."""
     stop = StopStringCriteria(engine.tokenizer, sampling.stop) if sampling.stop else None
-    every, max_new = engine.chunk_tokens, sampling.max_new_tokens
-
-    def pause(steps: int) -> bool:
-        return every is not None and steps % every == 0 and engine.weights_waiting
-
+    max_new = sampling.max_new_tokens
     rows = RowsSoFar.empty(len(prompts))
     todo = list(range(len(prompts)))  # the rows to start or go on with, in this order
     while todo:
@@ -387,7 +383,7 @@ def generate_refilling(
             stop,
             slots,
             lambda: not engine.weights_waiting,
-            pause,
+            engine.pauses_at,
         )
         started = len(out[0])
         for r, t, lp, m, e in zip(todo[:started], *(x.tolist() for x in out), strict=True):
